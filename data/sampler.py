@@ -1,0 +1,41 @@
+"""Deterministic, resumable sharding of a data set over ranks, reshuffled every epoch.
+
+The permutation of epoch e is a pure function of (seed, e), so every rank computes the same one
+without communicating, and a run resumed at (epoch, batch) reads exactly the batches the
+uninterrupted run would have read. Each rank takes a strided slice of it (as
+`DistributedSampler` does) truncated to an equal length, so the shards of an epoch are disjoint
+and all ranks take the same number of steps; at most num_shards - 1 samples sit out an epoch,
+different ones each epoch.
+"""
+from __future__ import annotations
+
+import torch
+
+_EPOCH_STRIDE = 1_000_003  # keeps (seed, epoch) pairs apart in the generator's seed space
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    return (seed * _EPOCH_STRIDE + epoch) % (2**63)
+
+
+def shard_indices(n: int, seed: int, epoch: int, shard: int, num_shards: int) -> torch.Tensor:
+    """This shard's sample indices for the epoch, in reading order."""
+    if not 0 <= shard < num_shards:
+        raise ValueError(f"shard {shard} outside 0..{num_shards - 1}")
+    gen = torch.Generator().manual_seed(epoch_seed(seed, epoch))
+    perm = torch.randperm(n, generator=gen)
+    per_shard = n // num_shards
+    return perm[shard::num_shards][:per_shard]
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """Seed for one sample's random augmentation: independent of worker scheduling, so that
+    resumed and uninterrupted runs augment every sample identically."""
+    return (epoch_seed(seed, epoch) * 2_654_435_761 + index) % (2**63)
+
+
+def eval_slice(n: int, shard: int, num_shards: int) -> range:
+    """Contiguous, nearly equal evaluation shards that together cover all n samples."""
+    start = n * shard // num_shards
+    stop = n * (shard + 1) // num_shards
+    return range(start, stop)

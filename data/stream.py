@@ -1,0 +1,67 @@
+"""The interface between a data pipeline and the trainer.
+
+A pipeline gives the trainer a `TrainStream` (this rank's shard of the training set, as batches
+from a given position) and an `EvalStream` (this rank's slice of the test set). The trainer
+only ever asks for `batches(epoch, start)`, which is all an exact resume needs.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+import torch
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class TrainStream(Protocol):
+    steps_per_epoch: int
+    num_samples: int  # training samples in the whole data set
+
+    def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        """Batches start, start+1, ... of this rank's shard for that epoch."""
+        ...
+
+
+class EvalStream(Protocol):
+    num_samples: int  # test samples in the whole data set
+
+    def batches(self) -> Iterator[Batch]:
+        """This rank's slice of the test set (possibly empty)."""
+        ...
+
+
+class TensorTrainStream:
+    """A training shard over in-memory tensors (the digits set; tests)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int,
+                 shard: int, num_shards: int) -> None:
+        from data.sampler import shard_indices
+
+        self._shard_indices = shard_indices
+        self.x, self.y = x, y
+        self.batch_size, self.seed = batch_size, seed
+        self.shard, self.num_shards = shard, num_shards
+        self.num_samples = len(x)
+        self.steps_per_epoch = (len(x) // num_shards) // batch_size
+
+    def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        idx = self._shard_indices(len(self.x), self.seed, epoch, self.shard, self.num_shards)
+        for b in range(start, self.steps_per_epoch):
+            sel = idx[b * self.batch_size:(b + 1) * self.batch_size]
+            yield self.x[sel], self.y[sel]
+
+
+class TensorEvalStream:
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, shard: int,
+                 num_shards: int) -> None:
+        from data.sampler import eval_slice
+
+        self.num_samples = len(x)
+        sl = eval_slice(len(x), shard, num_shards)
+        self.x, self.y = x[sl.start:sl.stop], y[sl.start:sl.stop]
+        self.batch_size = batch_size
+
+    def batches(self) -> Iterator[Batch]:
+        for i in range(0, len(self.x), self.batch_size):
+            yield self.x[i:i + self.batch_size], self.y[i:i + self.batch_size]

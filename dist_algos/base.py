@@ -1,0 +1,165 @@
+"""The plugin contract: what a distributed-training algorithm is to the trainer.
+
+The trainer is algorithm-agnostic. Per step it computes this rank's gradient (forward and
+backward) and calls `plugin.step(StepContext)`; the plugin decides when and what to
+communicate and when to apply the local optimizer update (`ctx.optimizer_step()`). That shape
+covers every family this project reproduces:
+
+- synchronous gradient averaging (allreduce): average `.grad`, then `optimizer_step()`;
+- periodic or scheduled model averaging (local SGD, QSR, post-local): `optimizer_step()`, then
+  average parameters (and chosen optimizer fields) when the schedule says so;
+- averaging inside groups that change over time, possibly run by a background communication
+  thread on its own process group (WAGMA, D-PSGD, SGP): mix with the group, then step;
+- pulling towards a leader chosen from gathered losses (LSGD, EASGD): `ctx.loss` is there;
+- ranks in a server role that do not train (a parameter server): `role()` says so; the trainer
+  then runs no forward/backward on that rank and never calls `step` there, but still takes it
+  through the same evaluation, checkpoint and stop points as the workers, so that a server
+  thread started in `setup` serves pushes while the main thread joins those collectives;
+- gradient compression with error-feedback memory (top-k, DGC, gradient dropping,
+  SAMomentum): residuals are plugin state, saved in `state_dict`.
+
+A plugin owns its per-rank state (`state_dict`/`load_state_dict`; the trainer saves one file
+per rank, so workers may differ) and its communication accounting (`self.comm`). Plugins are
+registered with `@register_algorithm`; every registered plugin automatically goes through the
+registry-wide tests (reference equivalence where it declares one, exact resume always).
+"""
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Optional
+
+import torch
+import torch.nn as nn
+
+from dist_algos.comm import CommStats
+from engine.distenv import DistContext
+
+
+class Role(str, enum.Enum):
+    WORKER = "worker"
+    SERVER = "server"
+
+
+@dataclass
+class AlgoConfig:
+    """Base of every plugin's config dataclass (`algo.*`)."""
+
+    name: str = ""
+
+
+@dataclass
+class TrainInfo:
+    """What the trainer tells a plugin at set-up."""
+
+    total_steps: int
+    steps_per_epoch: int
+    lr_at: Callable[[int], float]  # the LR schedule (first param group) at any step
+    warmup_steps: int
+    # Fresh training batches of this rank's shard (for BatchNorm re-estimation): `train_batches(n)`
+    # yields up to n batches without disturbing the training stream's position or the RNG.
+    train_batches: Callable[[int], Iterator[tuple[torch.Tensor, torch.Tensor]]]
+    forward: Callable[[nn.Module, torch.Tensor], torch.Tensor]  # the trainer's forward (autocast)
+    resuming: bool = False  # state will be loaded right after setup (skip initial syncs)
+
+
+@dataclass
+class StepContext:
+    """One optimizer step, as the trainer hands it to the plugin after backward."""
+
+    step: int  # 0-based index of this optimizer step (counted over the whole run)
+    epoch: int
+    loss: torch.Tensor  # this rank's mean minibatch loss, detached scalar
+    lr: float  # current LR of the first param group
+    optimizer_step: Callable[[], None]  # local update from the current .grad (unscale, clip, step)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class DistAlgorithm(ABC):
+    """Base class of the plugins; see the module docstring for the contract."""
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type[AlgoConfig]] = AlgoConfig
+    #: Smallest world size the registry-wide tests run this plugin on.
+    test_world_size: ClassVar[int] = 2
+    #: Overrides that make the plugin deterministic, for the exact-resume test, with the reason
+    #: (e.g. wait-avoiding or asynchronous modes depend on timing). Empty: exact as configured.
+    deterministic_overrides: ClassVar[dict[str, Any]] = {}
+    deterministic_reason: ClassVar[str] = ""
+    #: Resuming across plugins of one family is allowed (e.g. constant H -> QSR); None: the name.
+    family: ClassVar[Optional[str]] = None
+
+    def __init__(self, cfg: AlgoConfig, ctx: DistContext) -> None:
+        self.cfg = cfg
+        self.ctx = ctx
+        self.comm = CommStats()
+
+    # ---- validation, before any rank is launched -------------------------------------------
+    @classmethod
+    def validate(cls, cfg: AlgoConfig, world_size: int, local_size: int) -> None:
+        """Raise `engine.errors.UserError` for settings that cannot work at this world size."""
+
+    @classmethod
+    def num_train_ranks(cls, cfg: AlgoConfig, world_size: int) -> int:
+        """How many of `world_size` ranks train (a parameter server's serving ranks do not)."""
+        return world_size
+
+    # ---- roles ------------------------------------------------------------------------------
+    def role(self) -> Role:
+        return Role.WORKER
+
+    def train_ranks(self) -> list[int]:
+        """Ranks that train; the training set is sharded over these only."""
+        return list(range(self.ctx.world_size))
+
+    def eval_ranks(self) -> list[int]:
+        """Ranks that evaluate (the test set is sharded over them); others contribute nothing.
+        `eval_model` must give the same model on all of them."""
+        return list(range(self.ctx.world_size))
+
+    # ---- training ---------------------------------------------------------------------------
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: TrainInfo) -> None:
+        """Called once after model, optimizer and (on resume) their state exist, before the
+        plugin's own state is loaded. Build flat buffers, process groups, threads here."""
+        self.model, self.optimizer, self.info = model, optimizer, info
+
+    @abstractmethod
+    def step(self, ctx: StepContext) -> None:
+        """Communicate as the algorithm says and apply the local update (`ctx.optimizer_step`)."""
+
+    def eval_model(self, model: nn.Module) -> Optional[nn.Module]:
+        """The model to evaluate on this rank (None on ranks outside `eval_ranks`)."""
+        return model
+
+    def finalize(self, model: nn.Module) -> None:
+        """End of training (e.g. a last average); collectives allowed, on every rank."""
+
+    def close(self) -> None:
+        """Stop background threads; called on every exit path, errors included."""
+
+    # ---- state and reporting ----------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's algorithm state (tensors, numbers, lists, dicts: loadable weights_only)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def metrics(self) -> dict[str, float]:
+        """Extra per-log-step metrics of this rank (H, leader, staleness, ...)."""
+        return {}
+
+    def plot_keys(self) -> list[str]:
+        """Metric keys (from `metrics`) worth a plot against step beside the LR, e.g. ["H"]."""
+        return []
+
+    def summary(self) -> dict[str, Any]:
+        """Extra entries for summary.json from this rank; `merge_summaries` combines all ranks'."""
+        return {}
+
+    @classmethod
+    def merge_summaries(cls, per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+        """Combine the ranks' `summary()` dicts (default: the first non-empty one)."""
+        return next((s for s in per_rank if s), {})

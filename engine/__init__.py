@@ -1,0 +1,1 @@
+"""The runner's machinery: configuration, launching, the trainer loop, checkpoints, logging."""

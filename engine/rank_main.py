@@ -1,0 +1,92 @@
+"""Entry point of one launched rank (or of a single-process run): set up, train, report.
+
+Everything a rank does before training that can fail on bad input raises `UserError`, which is
+printed once (by rank 0) as one line, with exit code 2; other ranks exit with the same code
+silently, and the launcher stops the job. A rank that fails unexpectedly logs its traceback to
+`logs/rank_<r>.log` and leaves `logs/rank_<r>.error` with the one-line reason, which cli.py
+quotes when it reports the failed job.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from engine.errors import USER_ERROR_EXIT, UserError
+
+
+def setup_logging(run_dir: Path, rank: int, console: bool) -> None:
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    fmt = logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(message)s")
+    root = logging.getLogger("syncopt")
+    root.setLevel(logging.INFO)
+    root.handlers.clear()
+    fh = logging.FileHandler(logs / f"rank_{rank}.log")
+    fh.setFormatter(fmt)
+    root.addHandler(fh)
+    sh = logging.StreamHandler(sys.stderr)
+    sh.setFormatter(logging.Formatter("%(message)s" if console else f"[rank {rank}] %(levelname)s %(message)s"))
+    sh.setLevel(logging.INFO if console else logging.WARNING)
+    root.addHandler(sh)
+    root.propagate = False
+
+
+def agree_run_dir(run_dir: str) -> str:
+    """All ranks use rank 0's run directory (ranks started by hand resolve ${now:} each)."""
+    import torch.distributed as dist
+
+    if dist.get_world_size() == 1:
+        return run_dir
+    box = [run_dir]
+    dist.broadcast_object_list(box, src=0)
+    if box[0] != run_dir:
+        try:
+            Path(run_dir).rmdir()  # the empty folder Hydra made for this rank's own ${now:}
+        except OSError:
+            pass
+    return box[0]
+
+
+def main(raw_cfg: Any, run_dir: str) -> int:
+    """Train as this process's rank; returns the exit code."""
+    from engine.config import load_run_config
+    from engine.distenv import init_distributed, shutdown_distributed
+
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        cfg = load_run_config(raw_cfg, run_dir)
+        import torch
+
+        if "OMP_NUM_THREADS" in os.environ:
+            torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        ctx = init_distributed(cfg.dist.backend, cfg.dist.timeout_s)
+        cfg.run_dir = agree_run_dir(cfg.run_dir)
+        run_path = Path(cfg.run_dir)
+        run_path.mkdir(parents=True, exist_ok=True)
+        setup_logging(run_path, ctx.rank, console=ctx.rank == 0)
+        (run_path / "logs" / f"rank_{ctx.rank}.pid").write_text(f"{os.getpid()} {os.uname().nodename}\n")
+        (run_path / "logs" / f"rank_{ctx.rank}.error").unlink(missing_ok=True)
+        from engine.trainer import train_rank
+
+        train_rank(cfg, ctx)
+        shutdown_distributed()
+        return 0
+    except UserError as err:
+        if rank == 0:
+            print(f"syncopt: error: {err}", file=sys.stderr, flush=True)
+        return USER_ERROR_EXIT
+    except Exception as err:  # an unexpected failure: keep the evidence, name the rank
+        line = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        logging.getLogger("syncopt").error("rank %d failed: %s\n%s", rank, line, traceback.format_exc())
+        err_file = Path(run_dir) / "logs" / f"rank_{rank}.error"
+        try:
+            err_file.parent.mkdir(parents=True, exist_ok=True)
+            err_file.write_text(line + "\n")
+        except OSError:
+            pass
+        print(f"syncopt: rank {rank} failed: {line}", file=sys.stderr, flush=True)
+        return 1
