@@ -46,6 +46,7 @@ class Trainer:
     def __init__(self, cfg: RunConfig, ctx: DistContext) -> None:
         self.cfg, self.ctx = cfg, ctx
         self.run_dir = Path(cfg.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.t_start = time.perf_counter()
         self.algo: DistAlgorithm = get_algorithm(cfg.algo.name)(cfg.algo, ctx)
         get_algorithm(cfg.algo.name).validate(cfg.algo, ctx.world_size, ctx.local_size)
@@ -70,10 +71,7 @@ class Trainer:
     # ---- construction -----------------------------------------------------------------------
     def _build(self) -> None:
         cfg, ctx = self.cfg, self.ctx
-        seed_everything(cfg.seed)  # identical initial model on every rank
         self.spec = data_spec(cfg.data)
-        self.model = build_model(cfg.model, self.spec).to(ctx.device)
-        seed_everything(cfg.seed + 1000 * (ctx.rank + 1))  # ranks draw different dropout masks
         eval_ranks = self.algo.eval_ranks()
         request = DataRequest(
             batch_size=self.batch_size, eval_batch_size=cfg.data.eval_batch_size or max(self.batch_size, 64),
@@ -82,6 +80,8 @@ class Trainer:
             eval_num_shards=len(eval_ranks), device=ctx.device)
         self.train_stream, self.eval_stream = build_data(cfg.data, request)
         self.evaluates = ctx.rank in eval_ranks
+        seed_everything(cfg.seed)  # identical initial model on every rank
+        self.model = build_model(cfg.model, self.spec).to(ctx.device)
         spe = [self.train_stream.steps_per_epoch if self.train_stream is not None else 0]
         dist.broadcast_object_list(spe, src=self.train_ranks[0])
         self.steps_per_epoch = int(spe[0])
@@ -226,6 +226,8 @@ class Trainer:
             self.algo.load_state_dict(state["algo"])
             self._load_progress(state)
             restore_rng(state["rng"])
+        else:  # per-rank streams (dropout differs across ranks), independent of what set-up drew
+            seed_everything(self.cfg.seed + 1000 * (self.ctx.rank + 1))
         self.report = RunReport(self) if self.reporting else None
         stop = StopSignal()
         stopped: Optional[str] = None
