@@ -98,16 +98,30 @@ class RankWatch:
         return sent
 
     def failure_report(self, code: int) -> str:
-        errors = {int(f.stem.split("_")[1]): f.read_text().strip() for f in self.logs.glob("rank_*.error")}
-        if errors:
-            rank = min(errors, key=lambda r: (self.logs / f"rank_{r}.error").stat().st_mtime)
-            why = errors[rank]
-        elif self.gone:
-            rank, why = self.gone[0], "its process ended first (killed or crashed)"
+        """Name the rank that caused the failure: a rank that vanished without leaving an error
+        (killed, segfault) comes first; else the earliest error that is not merely a peer's
+        connection dropping (which every survivor reports when one rank dies)."""
+        errors = {int(f.stem.split("_")[1]): (f.stat().st_mtime, f.read_text().strip())
+                  for f in self.logs.glob("rank_*.error")}
+        silent = [r for r in self.gone if r not in errors]
+        if silent:
+            rank, why = silent[0], "its process ended without an error (killed or crashed)"
+        elif errors:
+            primary = {r: e for r, e in errors.items() if not _is_peer_loss(e[1])} or errors
+            rank = min(primary, key=lambda r: primary[r][0])
+            why = primary[rank][1]
         else:
             return f"the job failed (launcher exit code {code}); see {self.logs}"
         return (f"rank {rank} failed: {why}; the job was stopped (launcher exit code {code}); "
                 f"log: {self.logs / f'rank_{rank}.log'}")
+
+
+_PEER_LOSS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out",
+              "timed out", "Connection refused")
+
+
+def _is_peer_loss(message: str) -> bool:
+    return any(marker in message for marker in _PEER_LOSS)
 
 
 def _alive(pid: int) -> bool:

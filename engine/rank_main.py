@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import traceback
 from pathlib import Path
@@ -43,11 +44,9 @@ def agree_run_dir(run_dir: str) -> str:
         return run_dir
     box = [run_dir]
     dist.broadcast_object_list(box, src=0)
-    if box[0] != run_dir:
-        try:
-            Path(run_dir).rmdir()  # the empty folder Hydra made for this rank's own ${now:}
-        except OSError:
-            pass
+    mine = Path(run_dir)
+    if box[0] != run_dir and mine.is_dir() and {p.name for p in mine.iterdir()} <= {".hydra"}:
+        shutil.rmtree(mine, ignore_errors=True)  # what Hydra made for this rank's own ${now:}
     return box[0]
 
 

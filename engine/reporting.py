@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 from pathlib import Path
 from typing import Any, Optional
 
@@ -55,7 +56,7 @@ class WandbLogger:
         import wandb
 
         id_file = run_dir / "wandb_id.txt"
-        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+        run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)
         id_file.write_text(run_id)
         os.environ.setdefault("WANDB_SILENT", "true")
         self._run = wandb.init(project=cfg.project, entity=cfg.entity, tags=list(cfg.tags) or None,

@@ -345,7 +345,8 @@ class Trainer:
             self.finalized = True
         result = self._evaluate()
         improved = getattr(self, "_improved", False)
-        self.save("final")
+        if self.resumed_from != self.step:  # else: re-reporting a finished run, nothing new to save
+            self.save("final")
         if improved and self.ctx.rank == 0 and self.cfg.checkpoint.keep_best:
             ckpt.mark_best(self.run_dir, self.step, self.cfg.checkpoint.best_metric, self.best)
         return self._summary(result)

@@ -17,7 +17,7 @@ import torch
 from dist_algos import get_algorithm, list_algorithms
 from tests.harness import run_ranks, train_in_rank
 
-STEPS, STOP = 26, 13  # 11 steps per epoch on 4 ranks: the stop is mid-epoch, between evals
+STEPS, STOP = 60, 25  # the numbers; 11 steps per epoch on 4 ranks: the stop is mid-epoch, between evals
 IGNORED = ("elapsed", "train_seconds", "seconds", "injected_s", "median")  # wall-clock readings
 
 
@@ -55,7 +55,7 @@ def resume_scenario(rank: int, world: int, overrides: list[str], tmp: str) -> li
 def algo_overrides(name: str) -> list[str]:
     cls = get_algorithm(name)
     det = [f"algo.{k}={v}" for k, v in cls.deterministic_overrides.items()]
-    return [f"algo={name}", f"train.max_steps={STEPS}", "train.eval_every_steps=8",
+    return [f"algo={name}", f"train.max_steps={STEPS}", "train.eval_every_steps=20",
             "train.log_every_steps=5", "model.width=8", "checkpoint.every_epochs=1", *det]
 
 

@@ -1,0 +1,108 @@
+"""cli.py as a user runs it: bad input gives one line and exit code 2 before launching; real
+multi-rank runs through DeepSpeed's launcher and torchrun train the digits default."""
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CLI = str(REPO / "cli.py")
+
+
+def run_cli(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, CLI, *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=REPO)
+
+
+def error_line(proc: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("syncopt: error:")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["model.name=lenet"], "model.name='lenet'"),
+    (["algo=gossip"], "algo/gossip"),
+    (["data.name=mnist"], "data.name='mnist'"),
+    (["launch.nproc=0"], "launch.nproc=0"),
+    (["launch.nproc=64", "train.batch_size=32"], "launch.nproc=64"),
+    (["train.epochs=ten"], "train.epochs"),
+    (["optim.lr_max=1"], "optim.lr_max"),
+    (["data=cifar10", "data.root=/nonexistent/cifar"], "/nonexistent/cifar"),
+    (["resume=/nonexistent/run"], "resume=/nonexistent/run"),
+])
+def test_bad_input_is_one_line_before_launch(args: list[str], fragment: str, cli_env: dict, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = run_cli([*args, f"hydra.run.dir={run_dir}"], cli_env, timeout=60)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert fragment in error_line(proc)
+    assert not (run_dir / "logs").exists(), "no rank may have been launched"
+
+
+def write_cifar(root: Path, n: int = 64, garbage: bool = False) -> None:
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        payload = b"not a pickle" if garbage else pickle.dumps(
+            {b"data": rng.integers(0, 255, (n, 3072), dtype=np.uint8), b"labels": list(rng.integers(0, 10, n))})
+        (folder / name).write_bytes(payload)
+
+
+def test_malformed_data_set_fails_on_the_ranks_with_one_line(cli_env: dict, tmp_path: Path) -> None:
+    write_cifar(tmp_path / "cifar", garbage=True)
+    proc = run_cli(["data=cifar10", f"data.root={tmp_path / 'cifar'}", "model=resnet20", "launch.nproc=2",
+                    f"hydra.run.dir={tmp_path / 'run'}"], cli_env, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "is not a CIFAR batch file" in error_line(proc)
+
+
+def test_default_job_four_ranks_through_deepspeed(cli_env: dict, tmp_path: Path) -> None:
+    """The README's main job: digits, small CNN, allreduce, 4 gloo ranks via DeepSpeed."""
+    run_dir = tmp_path / "run"
+    start = time.monotonic()
+    proc = run_cli([f"hydra.run.dir={run_dir}"], cli_env)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 4 and summary["algo"] == "allreduce"
+    assert summary["test_acc"] >= 0.97, summary
+    assert summary["syncs"] == summary["steps"] and summary["comm_bytes"] > 0
+    for name in ("config.yaml", "metrics.jsonl", "curves.png"):
+        assert (run_dir / name).is_file(), name
+    records = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert {"step", "epoch", "lr", "loss", "acc", "samples_per_s", "comm_bytes", "comm_s", "syncs"} <= set(train[-1])
+    assert train[-1]["loss"] < train[0]["loss"]
+    assert "test accuracy" in proc.stdout  # the one-screen summary
+    print(f"default job: {elapsed:.1f} s, test_acc {summary['test_acc']:.4f}")
+
+
+def test_two_ranks_through_torchrun_with_wandb_offline(cli_env: dict, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    env = dict(cli_env, WANDB_MODE="offline")
+    proc = run_cli(["launch.launcher=torchrun", "launch.nproc=2", "train.epochs=3", "logger=wandb",
+                    f"hydra.run.dir={run_dir}"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["test_acc"] > 0.8
+    run_id = (run_dir / "wandb_id.txt").read_text().strip()
+    assert any(run_id in p.name for p in (run_dir / "wandb").iterdir()), "offline wandb run not written"
+
+
+def test_multirun_gives_one_run_directory_per_job(cli_env: dict, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    proc = run_cli(["-m", "launch.launcher=none", "launch.nproc=1", "train.max_steps=5",
+                    "optim.lr=0.05,0.1", f"hydra.sweep.dir={sweep}"], cli_env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lrs = sorted(json.loads((sweep / str(i) / "summary.json").read_text())["peak_lr"] for i in range(2))
+    assert lrs == [0.05, 0.1]

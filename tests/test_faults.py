@@ -1,0 +1,160 @@
+"""Surviving kills, preemption, damaged checkpoints and incompatible resumes."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import checkpoint as ckpt
+from tests.harness import free_port, run_ranks, train_in_rank
+from tests.test_cli import CLI, REPO, error_line, run_cli
+
+LONG = ["train.max_steps=100000", "train.eval_every_epochs=null", "checkpoint.every_steps=20",
+        "checkpoint.every_epochs=null", "train.progress=false", "launch.nproc=4"]
+
+
+def start_cli(args: list[str], env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=REPO)
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def newest_complete(run_dir: Path) -> ckpt.Manifest | None:
+    found = ckpt.complete_checkpoints(run_dir)
+    return found[0] if found else None
+
+
+def test_kill_9_of_a_worker_ends_the_job_naming_it_and_resume_continues(cli_env: dict, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = start_cli([*LONG, f"hydra.run.dir={run_dir}"], cli_env)
+    try:
+        wait_for(lambda: (m := newest_complete(run_dir)) is not None and m.step >= 40, 240, "two checkpoints")
+        pid = int((run_dir / "logs" / "rank_2.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        _, stderr = proc.communicate(timeout=90)
+        assert time.monotonic() - killed_at < 60, "the job must end within 60 s of a rank's death"
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    assert "rank 2 failed" in stderr, stderr[-2000:]
+    last = newest_complete(run_dir)
+    assert last is not None and all(last.verify_rank(r) for r in range(4)), "last checkpoint damaged"
+    # the same command resumes from it (bounded to finish quickly)
+    again = run_cli([*LONG, f"train.max_steps={last.step + 10}", f"hydra.run.dir={run_dir}"], cli_env)
+    assert again.returncode == 0, again.stderr[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_from"] == last.step and summary["steps"] == last.step + 10
+
+
+def test_sigterm_checkpoints_and_exits_zero_then_same_command_finishes(cli_env: dict, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    args = ["train.max_steps=400", "train.eval_every_epochs=null", "checkpoint.every_epochs=null",
+            "train.progress=false", "launch.nproc=2", f"hydra.run.dir={run_dir}"]
+    proc = start_cli(args, cli_env)
+    try:
+        wait_for(lambda: (run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").stat().st_size > 0,
+                 240, "training to start")
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr[-2000:]
+    stopped = newest_complete(run_dir)
+    assert stopped is not None and 0 < stopped.step < 400 and stopped.extra["reason"] == "signal"
+    assert "run the same command to continue" in stderr
+    again = run_cli(args, cli_env)
+    assert again.returncode == 0, again.stderr[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 400 and summary["resumed_from"] == stopped.step
+
+
+def corrupt_then_resume(rank: int, world: int, tmp: str) -> tuple[int | None, int]:
+    base = ["train.max_steps=30", "checkpoint.every_steps=10", "checkpoint.every_epochs=null",
+            "checkpoint.keep_last=3", "model.width=8"]
+    train_in_rank(rank, world, base + ["train.stop_after=20"], tmp)
+    import torch.distributed as dist
+
+    dist.barrier()
+    if rank == 0:  # flip bytes in rank 1's newest file
+        path = Path(tmp) / "checkpoints" / "step_00000020" / "rank_1.pt"
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    dist.barrier()
+    summary = train_in_rank(rank, world, base, tmp)
+    return (summary or {}).get("resumed_from"), rank
+
+
+def test_corrupted_checkpoint_falls_back_to_the_previous_one(tmp_path: Path) -> None:
+    results = run_ranks(corrupt_then_resume, 2, str(tmp_path))
+    assert results[0][0] == 10, "should resume from step 10 after step 20 failed its sha256"
+    log = (tmp_path / "metrics.jsonl").read_text()
+    assert json.loads(log.splitlines()[-1])["step"] == 30
+
+
+def test_wrong_world_size_is_refused_before_launch(cli_env: dict, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    first = run_cli(["launch.nproc=2", "train.max_steps=12", "train.stop_after=6", f"hydra.run.dir={run_dir}"], cli_env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = run_cli(["launch.nproc=4", "train.max_steps=12", f"hydra.run.dir={run_dir}"], cli_env, timeout=60)
+    assert second.returncode == 2
+    line = error_line(second)
+    assert "world_size=2" in line and "world_size=4" in line and "resume=null" in line
+    # and nothing already written was touched
+    assert newest_complete(run_dir).step == 6
+
+
+def test_weights_only_loading_refuses_pickled_objects(tmp_path: Path) -> None:
+    path = tmp_path / "rank_0.pt"
+    torch.save({"model": {}, "evil": object()}, path)
+    with pytest.raises(Exception):
+        ckpt.load_rank_file(path)
+
+
+def init_from_scenario(rank: int, world: int, tmp: str) -> tuple[torch.Tensor, torch.Tensor]:
+    from engine.distenv import init_distributed
+    from engine.trainer import Trainer
+    from tests.harness import compose
+
+    train_in_rank(rank, world, ["train.max_steps=8", "model.width=8"], f"{tmp}/source")
+    cfg = compose(["train.max_steps=8", "model.width=8", f"init_from={tmp}/source", "train.progress=false"], f"{tmp}/new")
+    trainer = Trainer(cfg, init_distributed())
+    trainer._resume()
+    source = torch.load(Path(tmp) / "source/checkpoints/step_00000008/rank_0.pt", weights_only=True)["model"]
+    got = torch.cat([v.reshape(-1).float() for v in trainer.model.state_dict().values()])
+    want = torch.cat([v.reshape(-1).float() for v in source.values()])
+    return got, want
+
+
+def test_init_from_takes_only_the_model(tmp_path: Path) -> None:
+    got, want = run_ranks(init_from_scenario, 1, str(tmp_path))[0]
+    assert torch.equal(got, want)
+    assert not (tmp_path / "new" / "checkpoints").exists() or not ckpt.complete_checkpoints(tmp_path / "new")
+
+
+def test_ranks_started_by_hand_agree_on_one_run_directory(cli_env: dict, tmp_path: Path) -> None:
+    """`torchrun ... cli.py` directly: each rank resolves ${now:} itself; rank 0's directory wins."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}", CLI,
+           "train.max_steps=6", "train.progress=false", f"hydra.run.dir={tmp_path}/run_" + "${now:%H%M%S%f}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(cli_env, OMP_NUM_THREADS="1"),
+                          cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = [p for p in tmp_path.iterdir() if p.name.startswith("run_")]
+    assert len(runs) == 1 and (runs[0] / "summary.json").is_file(), [p.name for p in runs]
+    assert json.loads((runs[0] / "summary.json").read_text())["world_size"] == 2
