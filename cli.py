@@ -66,6 +66,19 @@ def preflight(cfg: DictConfig, run_dir: Path) -> object:
     return run_cfg
 
 
+def register_schemas() -> None:
+    """Typed defaults that table configs extend (`defaults: [_schema, _self_]`), so that
+    options such as table.dry_run exist without every table file spelling them out."""
+    from hydra.core.config_store import ConfigStore
+
+    from engine.tables import TableConfig
+
+    ConfigStore.instance().store(group="table", name="_schema", node=TableConfig)
+
+
+register_schemas()
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
@@ -78,6 +91,11 @@ def main(cfg: DictConfig) -> None:
         from engine import rank_main
 
         sys.exit(rank_main.main(cfg, str(run_dir)))
+    if cfg.get("table") is not None:
+        from engine.tables import run_table
+
+        with report_user_errors():
+            sys.exit(run_table(cfg.table, run_dir))
     with report_user_errors():
         run_cfg = preflight(cfg, run_dir)
     if run_cfg.launch.launcher == "none" or (run_cfg.launch.nproc == 1 and not _multi_node(run_cfg)):

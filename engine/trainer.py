@@ -319,6 +319,9 @@ class Trainer:
         model = self.algo.eval_model(self.model) if self.evaluates else None
         result = evaluate(model, self.eval_stream.batches() if model is not None else iter(()),
                           self.forward, self.ctx.device, self.spec.num_classes)
+        sent = torch.tensor([float(self.algo.comm.as_metrics()["comm_bytes"])], dtype=torch.float64)
+        dist.all_reduce(sent)  # the x-axis of accuracy-against-communication plots
+        result = {**result, "comm_bytes_total": int(sent.item())}
         self.last_eval = result
         metric = result.get(self.cfg.checkpoint.best_metric)
         self._improved = metric is not None and (self.best is None or metric > self.best)

@@ -1,0 +1,84 @@
+"""Paper tables: rows run, gathered, resumed, dry-run, and failures reported."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli import run_cli
+
+FAST = "[launch.launcher=none, launch.nproc=1, train.max_steps=6, train.eval_every_steps=3]"
+
+
+def write_table(folder: Path, name: str, rows: str) -> list[str]:
+    (folder / "table").mkdir(parents=True, exist_ok=True)
+    (folder / "table" / f"{name}.yaml").write_text(
+        f"# @package table\ndefaults: [_schema, _self_]\nname: {name}\nbaseline: a\noverrides: {FAST}\nplots: [accuracy, throughput]\n"
+        f"rows:\n{rows}")
+    return [f"table={name}", f"hydra.searchpath=[file://{folder}]"]
+
+
+ROWS = """  - {label: a, overrides: []}
+  - {label: b, overrides: [optim.lr=0.05], paper: {test_acc: 0.99, source: Table 1}}
+  - {label: c, overrides: [optim=adamw, optim.lr=0.003]}
+"""
+
+
+def read_csv(path: Path) -> dict[str, dict[str, str]]:
+    with open(path) as fh:
+        return {row["label"]: row for row in csv.DictReader(fh)}
+
+
+def test_table_runs_rows_and_csv_matches_summaries(cli_env: dict, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = write_table(tmp_path / "conf", "three", ROWS)
+    proc = run_cli([*args, f"hydra.run.dir={out}"], cli_env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = read_csv(out / "table.csv")
+    assert list(rows) == ["a", "b", "c"]
+    for label, row in rows.items():
+        summary = json.loads((out / label / "seed_0" / "summary.json").read_text())
+        assert float(row["test_acc"]) == pytest.approx(summary["test_acc"])
+        assert float(row["steps"]) == summary["steps"] == 6
+        assert float(row["comm_bytes"]) == summary["comm_bytes"]
+    assert float(rows["a"]["wall_s_vs_base"]) == pytest.approx(1.0)
+    assert rows["b"]["paper_test_acc"] == "0.99" and rows["b"]["paper_source"] == "Table 1"
+    assert "| b |" in (out / "table.md").read_text() and "| b |" in proc.stdout
+    assert (out / "accuracy.png").is_file() and (out / "throughput.png").is_file()
+
+    # an interrupted table (row c lost its result) runs only the missing row
+    (out / "c" / "seed_0" / "summary.json").unlink()
+    before = {lbl: (out / lbl / "seed_0" / "summary.json").stat().st_mtime for lbl in ("a", "b")}
+    again = run_cli([*args, f"hydra.run.dir={out}"], cli_env)
+    assert again.returncode == 0
+    assert again.stdout.count("already complete") == 2 and "c seed 0: " in again.stdout
+    assert all((out / lbl / "seed_0" / "summary.json").stat().st_mtime == t for lbl, t in before.items())
+    assert (out / "c" / "seed_0" / "summary.json").exists()
+
+
+def test_dry_run_lists_rows_without_running(cli_env: dict, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = write_table(tmp_path / "conf", "three", ROWS)
+    proc = run_cli([*args, "table.dry_run=true", f"hydra.run.dir={out}"], cli_env)
+    assert proc.returncode == 0
+    assert proc.stdout.count("cli.py ") == 3 and "optim=adamw" in proc.stdout
+    assert not (out / "a").exists()
+
+
+def test_failed_row_is_reported_and_others_complete(cli_env: dict, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    rows = """  - {label: a, overrides: []}
+  - {label: broken, overrides: [data=cifar10, data.root=/nonexistent]}
+  - {label: c, overrides: [optim.lr=0.05]}
+"""
+    args = write_table(tmp_path / "conf", "failing", rows)
+    proc = run_cli([*args, f"hydra.run.dir={out}"], cli_env)
+    assert proc.returncode == 1
+    rows_csv = read_csv(out / "table.csv")
+    assert rows_csv["broken"]["status"] == "failed"
+    assert rows_csv["a"]["status"] == rows_csv["c"]["status"] == "ok"
+    log = Path(rows_csv["broken"]["log"])
+    assert log.is_file() and "/nonexistent" in log.read_text()
+    assert "failed" in (out / "table.md").read_text()
