@@ -1,0 +1,129 @@
+"""Elastic averaging SGD (Zhang, Choromanska, LeCun 2015), synchronous: the LSGD paper's baseline.
+
+Version followed: the synchronous EASGD of the EASGD paper's equations (5) and (6) with the
+elastic step every `sync_period` (tau) steps, as the LSGD authors' code runs it
+(`dist_easgd_train`): after the local optimizer step of every tau-th step, with N workers, the
+moving rate beta = `moving_rate` and alpha = beta / N,
+    x_i    <- (1 - alpha) x_i + alpha x_centre
+    centre <- (1 - beta) centre + beta mean_i(x_i)
+where both updates use the same x_i (the workers' weights before their elastic move) and the
+old centre. Gradients and momentum buffers are not touched by the elastic step; only
+parameters are (BatchNorm statistics stay per worker).
+
+The reference reduces the workers' weights to rank 0, which holds the centre and broadcasts
+it. Here one all_reduce gives every rank the mean and every rank updates its own copy of the
+centre with the same arithmetic, so the centre is identical everywhere without a broadcast
+(the same values, one collective per period instead of two). The centre starts as the common
+initial weights. beta = 0.43 is the LSGD authors' setting (their script's c2).
+
+Evaluation (`eval_model`): `center` the centre variable (the reference tests it), `average` the
+workers' mean, both with BatchNorm statistics re-estimated on `bn_batches` training batches
+per rank and averaged; `local` rank 0's own weights on rank 0 only. Evaluation traffic is not
+counted.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.nn as nn
+
+from dist_algos import register_algorithm
+from dist_algos.base import AlgoConfig, DistAlgorithm, StepContext, TrainInfo
+from dist_algos.comm import allreduce_bytes
+from dist_algos.consensus_eval import EvalCopy, consensus_model
+from dist_algos.flat import FlatBuffer, average_
+from dist_algos.leader_select import pull_towards_
+from engine.errors import UserError
+
+EVAL_MODELS = ("center", "average", "local")
+
+
+@dataclass
+class EASGDConfig(AlgoConfig):
+    name: str = "easgd"
+    moving_rate: float = 0.43  # beta: the centre moves this far towards the workers' mean
+    sync_period: int = 16  # tau: steps between elastic updates
+    eval_model: str = "center"  # center | average | local
+    bn_batches: Optional[int] = None  # BN re-estimation batches per rank; None: one epoch
+
+
+def elastic_update_(params: list[torch.Tensor], center: list[torch.Tensor], mean: list[torch.Tensor],
+                    moving_rate: float, num_workers: int) -> None:
+    """One synchronous elastic step, in place: workers towards the old centre by beta / N,
+    then the centre towards the workers' mean by beta."""
+    pull_towards_(params, center, moving_rate / num_workers)
+    pull_towards_(center, mean, moving_rate)
+
+
+@register_algorithm("easgd")
+class EASGD(DistAlgorithm):
+    Config = EASGDConfig
+    test_world_size = 4
+
+    cfg: EASGDConfig
+
+    @classmethod
+    def validate(cls, cfg: EASGDConfig, world_size: int, local_size: int) -> None:
+        if cfg.sync_period < 1:
+            raise UserError(f"algo.sync_period={cfg.sync_period} must be at least 1")
+        if not 0.0 < cfg.moving_rate <= 1.0:
+            raise UserError(f"algo.moving_rate={cfg.moving_rate} must be in (0, 1] (the paper's beta; 0.43 in LSGD's runs)")
+        if cfg.eval_model not in EVAL_MODELS:
+            raise UserError(f"algo.eval_model={cfg.eval_model!r} is not one of {', '.join(EVAL_MODELS)}")
+        if cfg.bn_batches is not None and cfg.bn_batches < 0:
+            raise UserError(f"algo.bn_batches={cfg.bn_batches} must be 0 or more (or null: one epoch)")
+
+    def eval_ranks(self) -> list[int]:
+        return [0] if self.cfg.eval_model == "local" else list(range(self.ctx.world_size))
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: TrainInfo) -> None:
+        super().setup(model, optimizer, info)
+        self.params = FlatBuffer(p for p in model.parameters())
+        self.center = [b.detach().clone() for b in self.params]
+        self.elastic_steps = 0
+        self._eval_copy: Optional[EvalCopy] = None
+
+    def step(self, ctx: StepContext) -> None:
+        ctx.optimizer_step()
+        if (ctx.step + 1) % self.cfg.sync_period:
+            return
+        world = self.ctx.world_size
+        with self.comm.timed(), torch.no_grad():
+            mean = [b.clone() for b in self.params.buffers]
+            average_(mean, group=None, group_size=world)
+            elastic_update_(self.params.buffers, self.center, mean, self.cfg.moving_rate, world)
+        nbytes = allreduce_bytes(self.params.nbytes, world)
+        self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
+        self.elastic_steps += 1
+
+    def eval_model(self, model: nn.Module) -> Optional[nn.Module]:
+        mode, world = self.cfg.eval_model, self.ctx.world_size
+        if mode == "local":
+            return model if self.ctx.rank == 0 else None
+        if self._eval_copy is None:
+            self._eval_copy = EvalCopy(model)
+        with torch.no_grad():
+            if mode == "center":
+                weights = self.center
+            else:
+                weights = [b.clone() for b in self.params.buffers]
+                average_(weights, group=None, group_size=world)
+            n = self.cfg.bn_batches if self.cfg.bn_batches is not None else self.info.steps_per_epoch
+            return consensus_model(self._eval_copy, weights, model, self.info.train_batches, n,
+                                   self.info.forward, None, world)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"center": [t.clone() for t in self.center], "elastic_steps": self.elastic_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for dst, src in zip(self.center, state["center"]):
+            dst.copy_(src)
+        self.elastic_steps = int(state["elastic_steps"])
+
+    def metrics(self) -> dict[str, float]:
+        return {"elastic_steps": self.elastic_steps}
+
+    def summary(self) -> dict[str, Any]:
+        return {"elastic_steps": self.elastic_steps}
