@@ -128,24 +128,20 @@ class LocalSGD(DistAlgorithm):
         return [slot(p, name) for p in self.params for name in self.cfg.average_optimizer_fields]
 
     def _build_flat(self) -> FlatBuffer:
-        """Parameters (+ BN statistics for bn=average) + the optimizer fields, once they exist:
-        optimizers create their state at the first step, so a fresh run rebuilds at its first sync."""
+        """Parameters (+ BN statistics for bn=average) + the optimizer fields that exist: optimizers
+        create their state at a parameter's first update, so a fresh run rebuilds at its first sync."""
         owners: list[Any] = list(self.params) + list(self.stat_buffers)
-        slots = self._field_slots()
-        ready = bool(slots) and all(s.read() is not None for s in slots)
-        plain = len(owners)
-        if ready:
-            owners += slots
-        flat = FlatBuffer(owners, getter=lambda o: o.read() if isinstance(o, Slot) else o.data,
+        fields = [s for s in self._field_slots() if s.read() is not None]
+        flat = FlatBuffer(owners + fields, getter=lambda o: o.read() if isinstance(o, Slot) else o.data,
                           setter=lambda o, v: o.write(v) if isinstance(o, Slot) else setattr(o, "data", v))
-        self.field_views = [s.read() for s in flat.owners[plain:]]  # type: ignore[union-attr]
+        self.field_views = [s.read() for s in fields]  # type: ignore[misc]
         return flat
 
     def _fields_attached(self) -> bool:
-        """Whether every averaged optimizer field is still the view we put in the flat buffer
-        (false before the optimizer's first step and after anything replaced its state)."""
-        slots = self._field_slots()
-        return len(slots) == len(self.field_views) and all(s.read() is v for s, v in zip(slots, self.field_views))
+        """Whether the optimizer fields that exist are exactly the views in the flat buffer (false
+        after the first update created them, or if anything replaced the optimizer's state)."""
+        present = [t for t in (s.read() for s in self._field_slots()) if t is not None]
+        return len(present) == len(self.field_views) and all(a is b for a, b in zip(present, self.field_views))
 
     # ---- training ---------------------------------------------------------------------------
     def step(self, ctx: StepContext) -> None:
@@ -184,7 +180,8 @@ class LocalSGD(DistAlgorithm):
         else:
             self.rounds.append([steps_done - period, period, 1])
         self.local_steps = 0
-        self.period = self.rule.period_after(steps_done, self.info.lr_at(steps_done))
+        if steps_done < self.info.total_steps:  # at the end the last round's H stays on show
+            self.period = self.rule.period_after(steps_done, self.info.lr_at(steps_done))
 
     # ---- evaluation and the end -------------------------------------------------------------
     def eval_model(self, model: nn.Module) -> Optional[nn.Module]:

@@ -330,3 +330,20 @@ def test_optimizer_fields_must_exist_in_the_optimizer() -> None:
     with pytest.raises(UserError, match="momentum_buffer needs"):
         check_optimizer_fields(make_optimizer(model, "adamw"), ["momentum_buffer"])
     check_optimizer_fields(make_optimizer(model, "adamw"), ["exp_avg", "exp_avg_sq"])
+
+
+# ---- exact resume of the stateful variants (the registry test covers the default config) -------
+@pytest.mark.slow
+def test_resume_is_bit_exact_with_qsr_fields_and_bn_recompute(tmp_path: Any) -> None:
+    """QSR's H and round log, optimizer fields that join the flat buffer only at the first sync
+    (before the checkpoint in one run, at set-up in the resumed one) and BN re-estimation at
+    every eval: an interrupted-and-resumed run must still equal the uninterrupted one."""
+    from tests.test_resume_registry import algo_overrides, resume_scenario
+
+    overrides = algo_overrides("local_sgd") + [
+        "optim=adamw", "algo.sync_schedule=qsr", "algo.alpha=0.01", "algo.period=2", "algo.warmup_period=3",
+        "sched.warmup_steps=4", "algo.average_optimizer_fields=[exp_avg,exp_avg_sq]", "algo.bn=recompute",
+        "algo.bn_batches=4", "algo.bn_micro_batch=8"]
+    diffs = run_ranks(resume_scenario, 2, overrides, str(tmp_path), timeout=300)
+    for rank, d in enumerate(diffs):
+        assert not d, f"rank {rank}: resumed state differs at {d[:10]}"
