@@ -9,7 +9,7 @@ one buffer each.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -20,16 +20,17 @@ class FlatBuffer:
 
     `attach` re-points each tensor's storage: for parameters it sets `p.data`, so the Parameter
     objects (and optimizer references to them) stay the same; for gradients pass
-    `getter=lambda p: p.grad, setter=lambda p, v: setattr(p, 'grad', v)`.
+    `getter=lambda p: p.grad, setter=lambda p, v: setattr(p, 'grad', v)`; for places that are
+    not tensor attributes (optimizer state), owners can be `Slot`s.
     """
 
-    def __init__(self, owners: Iterable[torch.Tensor],
-                 getter: Callable[[torch.Tensor], Optional[torch.Tensor]] = lambda p: p.data,
-                 setter: Callable[[torch.Tensor, torch.Tensor], None] = lambda p, v: setattr(p, "data", v),
+    def __init__(self, owners: Iterable[Any],
+                 getter: Callable[[Any], Optional[torch.Tensor]] = lambda p: p.data,
+                 setter: Callable[[Any, torch.Tensor], None] = lambda p, v: setattr(p, "data", v),
                  like_owner: bool = False) -> None:
         self.owners = list(owners)
         self.buffers: list[torch.Tensor] = []
-        groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+        groups: dict[tuple[torch.dtype, torch.device], list[Any]] = {}
         for owner in self.owners:
             ref = owner if like_owner else getter(owner)
             if ref is None:
@@ -60,6 +61,22 @@ class FlatBuffer:
         return iter(self.buffers)
 
 
+class Slot:
+    """A place holding a tensor that is not itself a tensor attribute (an optimizer-state entry,
+    say), so it can be a `FlatBuffer` owner: `FlatBuffer(slots, getter=Slot.read, setter=Slot.write)`."""
+
+    __slots__ = ("_get", "_set")
+
+    def __init__(self, get: Callable[[], Optional[torch.Tensor]], set: Callable[[torch.Tensor], None]) -> None:
+        self._get, self._set = get, set
+
+    def read(self) -> Optional[torch.Tensor]:
+        return self._get()
+
+    def write(self, value: torch.Tensor) -> None:
+        self._set(value)
+
+
 def flat_grads(params: Iterable[torch.nn.Parameter]) -> FlatBuffer:
     """Gradients of `params` as views of one buffer (zero-filled until the first backward).
 
@@ -70,8 +87,42 @@ def flat_grads(params: Iterable[torch.nn.Parameter]) -> FlatBuffer:
                       setter=lambda p, v: setattr(p, "grad", v), like_owner=True)
 
 
-def average_(buffers: Iterable[torch.Tensor], group: Optional[dist.ProcessGroup], group_size: int) -> None:
-    """In-place mean of each buffer over `group`: one all_reduce per buffer, then a scale."""
-    for buf in buffers:
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
-        buf.div_(group_size)
+#: Default size cap of one all_reduce in `average_`: big enough that a collective's fixed cost is
+#: negligible, small enough that a 100 MB model splits into a handful of pipelined pieces.
+BUCKET_BYTES = 16 * 2**20
+#: Collectives in flight at once in `average_` (ProcessGroupGloo runs two at a time by default).
+INFLIGHT = 2
+
+
+def buckets(buf: torch.Tensor, bucket_bytes: Optional[int]) -> list[torch.Tensor]:
+    """Contiguous views of `buf`, each at most `bucket_bytes` (None or 0: the whole buffer)."""
+    flat = buf.view(-1)
+    if not bucket_bytes or flat.numel() * flat.element_size() <= bucket_bytes:
+        return [flat]
+    per = max(1, bucket_bytes // flat.element_size())
+    return list(flat.split(per))
+
+
+def average_(buffers: Iterable[torch.Tensor], group: Optional[dist.ProcessGroup], group_size: int,
+             bucket_bytes: Optional[int] = BUCKET_BYTES, inflight: int = INFLIGHT) -> None:
+    """In-place mean of each buffer over `group` (all ranks of the group call this alike).
+
+    NCCL averages inside the collective (`ReduceOp.AVG`), one call per buffer. Elsewhere (gloo)
+    a SUM is followed by a divide, which is a full extra pass over memory; to hide it behind the
+    communication each buffer is cut into size-capped buckets whose all_reduces are issued
+    asynchronously, `inflight` at a time, and bucket i is divided while the next ones are still
+    being reduced. Only the last bucket's divide is left exposed.
+    """
+    if group_size <= 1:
+        return
+    if dist.get_backend(group) == "nccl":
+        for buf in buffers:
+            dist.all_reduce(buf, op=dist.ReduceOp.AVG, group=group)
+        return
+    pieces = [piece for buf in buffers for piece in buckets(buf, bucket_bytes)]
+    works: list[Any] = []
+    for i, piece in enumerate(pieces):
+        while len(works) < min(len(pieces), i + max(1, inflight)):
+            works.append(dist.all_reduce(pieces[len(works)], op=dist.ReduceOp.SUM, group=group, async_op=True))
+        works[i].wait()
+        piece.div_(group_size)

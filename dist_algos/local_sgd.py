@@ -1,0 +1,292 @@
+"""Local SGD / local AdamW with scheduled synchronisation (QSR, Gu et al., ICLR 2024).
+
+Every worker steps its own optimizer on its own data; after H local steps the workers average
+their models (parameters, plus the BatchNorm statistics and optimizer fields the config names).
+H comes from `dist_algos.sync_schedule`: constant, QSR's quadratic rule, the linear rule, or
+post-local SGD. The parallel baseline is `algo=allreduce` with the same optimizer.
+
+Everything that is averaged lives in one persistent `FlatBuffer` (parameters, statistics and
+optimizer fields are views into it), so a synchronisation is a few pipelined bucket all_reduces
+on memory that already holds the values: no per-tensor collectives, no torch.cat per sync.
+
+Evaluation. Between synchronisations the workers hold different models, and the model QSR
+reports is the average (its code only evaluates right after an averaging step). The trainer
+evaluates at fixed steps instead, so `eval_model` returns a scratch copy holding the global
+average (no communication when the workers are in sync anyway), with BatchNorm statistics per
+`bn`: `local` takes worker 0's (the statistics are never communicated, as in plain local SGD
+code that evaluates rank 0), `average` averages them with the parameters at every sync,
+`recompute` re-estimates them for the averaged weights on fresh training batches and averages
+the estimates (QSR's procedure). The training state is never touched by an evaluation, so
+evaluating does not change the run. At the end `finalize` makes the real model that averaged,
+BN-settled model, so the final checkpoint is the model that was evaluated.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from dist_algos import register_algorithm
+from dist_algos.base import AlgoConfig, DistAlgorithm, StepContext, TrainInfo
+from dist_algos.bn_stats import bn_statistics, float_buffers, recompute_bn_statistics
+from dist_algos.comm import allreduce_bytes
+from dist_algos.flat import BUCKET_BYTES, FlatBuffer, Slot, average_, flat_grads
+from dist_algos.sync_schedule import SCHEDULES, SyncRule
+from engine.errors import UserError
+
+OPTIMIZER_FIELDS = ("momentum_buffer", "exp_avg", "exp_avg_sq")
+BN_MODES = ("local", "average", "recompute")
+
+
+@dataclass
+class LocalSGDConfig(AlgoConfig):
+    name: str = "local_sgd"
+    sync_schedule: str = "constant"  # constant | qsr | linear | post_local
+    period: int = 4  # H (constant); H_base (qsr, linear); H after the switch (post_local)
+    warmup_period: Optional[int] = None  # qsr/linear: H during LR warmup (QSR's init_h); None: period
+    alpha: float = 0.0175  # qsr/linear: H = max(period, floor((alpha / lr)^power))
+    power: float = 2.0  # qsr; linear forces 1
+    switch_step: int = 0  # post_local: synchronous data parallelism before this step
+    average_optimizer_fields: list[str] = field(default_factory=list)  # momentum_buffer, exp_avg, exp_avg_sq
+    bn: str = "local"  # local | average | recompute
+    bn_batches: int = 16  # recompute: micro-batches over all workers (each takes bn_batches // K)
+    bn_micro_batch: Optional[int] = None  # recompute: split training batches to this size; None: whole
+    bucket_mb: Optional[float] = None  # cap of one all_reduce; None: dist_algos.flat.BUCKET_BYTES
+
+
+@register_algorithm("local_sgd")
+class LocalSGD(DistAlgorithm):
+    Config = LocalSGDConfig
+    family = "local_sgd"
+    cfg: LocalSGDConfig
+
+    @classmethod
+    def validate(cls, cfg: AlgoConfig, world_size: int, local_size: int) -> None:
+        assert isinstance(cfg, LocalSGDConfig)
+        if cfg.sync_schedule not in SCHEDULES:
+            raise UserError(f"algo.sync_schedule={cfg.sync_schedule!r} is not one of {', '.join(SCHEDULES)}")
+        if cfg.bn not in BN_MODES:
+            raise UserError(f"algo.bn={cfg.bn!r} is not one of {', '.join(BN_MODES)}")
+        for key in ("period", "bn_batches"):
+            if getattr(cfg, key) < 1:
+                raise UserError(f"algo.{key}={getattr(cfg, key)} must be at least 1")
+        for key in ("warmup_period", "bn_micro_batch"):
+            if getattr(cfg, key) is not None and getattr(cfg, key) < 1:
+                raise UserError(f"algo.{key}={getattr(cfg, key)} must be at least 1 (or null)")
+        if cfg.alpha < 0:
+            raise UserError(f"algo.alpha={cfg.alpha} must be >= 0 (0 keeps H at the warmup period)")
+        if cfg.power <= 0:
+            raise UserError(f"algo.power={cfg.power} must be positive (QSR uses 2)")
+        if cfg.switch_step < 0:
+            raise UserError(f"algo.switch_step={cfg.switch_step} must be >= 0")
+        if cfg.bucket_mb is not None and cfg.bucket_mb <= 0:
+            raise UserError(f"algo.bucket_mb={cfg.bucket_mb} must be positive (or null for the default)")
+        fields = cfg.average_optimizer_fields
+        bad = [f for f in fields if f not in OPTIMIZER_FIELDS]
+        if bad or len(set(fields)) != len(fields):
+            raise UserError(f"algo.average_optimizer_fields={list(fields)}: use distinct entries of "
+                            f"{', '.join(OPTIMIZER_FIELDS)}")
+
+    # ---- set-up -----------------------------------------------------------------------------
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: TrainInfo) -> None:
+        super().setup(model, optimizer, info)
+        cfg = self.cfg
+        self.world = self.ctx.world_size
+        self.bucket_bytes = int(cfg.bucket_mb * 2**20) if cfg.bucket_mb else BUCKET_BYTES
+        self.rule = SyncRule(schedule=cfg.sync_schedule, sync_period=cfg.period,
+                             warmup_period=cfg.warmup_period or cfg.period, alpha=cfg.alpha,
+                             power=cfg.power, switch_step=cfg.switch_step,
+                             warmup_steps=info.warmup_steps, total_steps=info.total_steps)
+        check_optimizer_fields(optimizer, cfg.average_optimizer_fields)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.stat_buffers = float_buffers(model) if cfg.bn == "average" else []
+        self.field_views: list[torch.Tensor] = []
+        self.flat = self._build_flat()
+        # post-local SGD's first phase is synchronous data parallelism: gradients in one buffer
+        self.grads = flat_grads(self.params) if self.rule.parallel_at(0) else None
+        self.period = self.rule.period_after(0, info.lr_at(0))
+        self.local_steps = 0  # local steps since the last average
+        # whether everything `flat` holds is identical on all ranks (false after a local step, and
+        # after a post-local parallel step when BN statistics are averaged: those stay per-rank)
+        self.synced = True
+        self.rounds: list[list[int]] = []  # run-length log of synchronisations: [first_step, H, count]
+        self.eval_syncs = 0
+        self.eval_bytes = 0
+        self.finalized = False
+        self._scratch: Optional[nn.Module] = None
+
+    def _field_slots(self) -> list[Slot]:
+        state = self.optimizer.state
+
+        def slot(p: torch.Tensor, name: str) -> Slot:
+            return Slot(lambda: state[p].get(name), lambda v: state[p].__setitem__(name, v))
+
+        return [slot(p, name) for p in self.params for name in self.cfg.average_optimizer_fields]
+
+    def _build_flat(self) -> FlatBuffer:
+        """Parameters (+ BN statistics for bn=average) + the optimizer fields that exist: optimizers
+        create their state at a parameter's first update, so a fresh run rebuilds at its first sync."""
+        owners: list[Any] = list(self.params) + list(self.stat_buffers)
+        fields = [s for s in self._field_slots() if s.read() is not None]
+        flat = FlatBuffer(owners + fields, getter=lambda o: o.read() if isinstance(o, Slot) else o.data,
+                          setter=lambda o, v: o.write(v) if isinstance(o, Slot) else setattr(o, "data", v))
+        self.field_views = [s.read() for s in fields]  # type: ignore[misc]
+        return flat
+
+    def _fields_attached(self) -> bool:
+        """Whether the optimizer fields that exist are exactly the views in the flat buffer (false
+        after the first update created them, or if anything replaced the optimizer's state)."""
+        present = [t for t in (s.read() for s in self._field_slots()) if t is not None]
+        return len(present) == len(self.field_views) and all(a is b for a, b in zip(present, self.field_views))
+
+    # ---- training ---------------------------------------------------------------------------
+    def step(self, ctx: StepContext) -> None:
+        steps_done = ctx.step + 1
+        if self.rule.parallel_at(ctx.step):
+            assert self.grads is not None
+            self._average(self.grads)
+            ctx.optimizer_step()
+            self.synced = not self.stat_buffers
+            self._after_sync(steps_done, 1)
+            return
+        ctx.optimizer_step()
+        self.local_steps += 1
+        self.synced = False
+        if self.local_steps >= self.period:
+            self._average_models()
+            self._after_sync(steps_done, self.local_steps)
+
+    def _average(self, flat: FlatBuffer) -> None:
+        if self.world > 1:
+            with self.comm.timed():
+                average_(flat, None, self.world, bucket_bytes=self.bucket_bytes)
+        nbytes = allreduce_bytes(flat.nbytes, self.world)
+        self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
+
+    def _average_models(self) -> None:
+        if self.cfg.average_optimizer_fields and not self._fields_attached():
+            self.flat = self._build_flat()
+        self._average(self.flat)
+        self.synced = True
+
+    def _after_sync(self, steps_done: int, period: int) -> None:
+        """Log the round that just ended and pick the next H (only ever here, as QSR does)."""
+        if self.rounds and self.rounds[-1][1] == period:
+            self.rounds[-1][2] += 1
+        else:
+            self.rounds.append([steps_done - period, period, 1])
+        self.local_steps = 0
+        if steps_done < self.info.total_steps:  # at the end the last round's H stays on show
+            self.period = self.rule.period_after(steps_done, self.info.lr_at(steps_done))
+
+    # ---- evaluation and the end -------------------------------------------------------------
+    def eval_model(self, model: nn.Module) -> Optional[nn.Module]:
+        if self.finalized:
+            return model  # finalize made it the averaged, BN-settled model on every rank
+        scratch, scratch_flat = self._scratch_model(model)
+        scratch.load_state_dict(model.state_dict())
+        if not self.synced and self.world > 1:
+            average_(scratch_flat, None, self.world, bucket_bytes=self.bucket_bytes)
+            self._count_eval(scratch_flat.nbytes)
+        self._settle_bn(scratch)
+        return scratch
+
+    def _scratch_model(self, model: nn.Module) -> tuple[nn.Module, FlatBuffer]:
+        if self._scratch is None:
+            scratch = copy.deepcopy(model)
+            for p in scratch.parameters():
+                p.grad = None
+                p.requires_grad_(False)
+            owners = list(scratch.parameters()) + (float_buffers(scratch) if self.cfg.bn == "average" else [])
+            self._scratch = scratch
+            self._scratch_flat = FlatBuffer(owners)
+        return self._scratch, self._scratch_flat
+
+    def _count_eval(self, nbytes: int) -> None:
+        self.eval_syncs += 1
+        self.eval_bytes += allreduce_bytes(nbytes, self.world)
+
+    def _settle_bn(self, model: nn.Module) -> None:
+        """Make the BatchNorm statistics of an averaged model identical on every rank, per `bn`."""
+        stats = bn_statistics(model)
+        if not stats or self.world == 1 and self.cfg.bn != "recompute":
+            return
+        if self.cfg.bn == "local":
+            flat = torch.cat([t.reshape(-1) for t in stats])
+            dist.broadcast(flat, src=0)
+            self.eval_syncs += 1
+            self.eval_bytes += flat.numel() * flat.element_size() * (self.world - 1) if self.ctx.rank == 0 else 0
+            unflatten_into(flat, stats)
+        elif self.cfg.bn == "recompute":
+            count = max(1, self.cfg.bn_batches // self.world)  # the QSR code splits bn_batches over workers
+            recompute_bn_statistics(model, self.info.train_batches(count), count, self.info.forward,
+                                    self.cfg.bn_micro_batch)
+            if self.world > 1:
+                flat = torch.cat([t.reshape(-1) for t in stats])
+                average_([flat], None, self.world)
+                self._count_eval(flat.numel() * flat.element_size())
+                unflatten_into(flat, stats)
+
+    def finalize(self, model: nn.Module) -> None:
+        if self.finalized:
+            return
+        if not self.synced:  # a run cut short of its schedule's last round (or per-rank BN stats)
+            local_steps = self.local_steps
+            self._average_models()
+            if local_steps:
+                self._after_sync(self.info.total_steps, local_steps)
+        self._settle_bn(model)
+        self.finalized = True
+
+    # ---- state and reporting ----------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"period": self.period, "local_steps": self.local_steps, "synced": self.synced,
+                "rounds": [list(r) for r in self.rounds], "eval_syncs": self.eval_syncs,
+                "eval_bytes": self.eval_bytes, "finalized": self.finalized}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.period = int(state["period"])
+        self.local_steps = int(state["local_steps"])
+        self.synced = bool(state["synced"])
+        self.rounds = [[int(v) for v in r] for r in state["rounds"]]
+        self.eval_syncs = int(state["eval_syncs"])
+        self.eval_bytes = int(state["eval_bytes"])
+        self.finalized = bool(state["finalized"])
+
+    def metrics(self) -> dict[str, float]:
+        return {"H": float(self.period)}
+
+    def plot_keys(self) -> list[str]:
+        return ["H"]
+
+    def summary(self) -> dict[str, Any]:
+        rounds = sum(r[2] for r in self.rounds)
+        steps = sum(r[1] * r[2] for r in self.rounds)
+        return {"sync_schedule": self.cfg.sync_schedule, "rounds": rounds,
+                "mean_H": round(steps / rounds, 3) if rounds else None,
+                "max_H": max((r[1] for r in self.rounds), default=None),
+                "bytes_per_sync": allreduce_bytes(self.flat.nbytes, self.world),
+                "H_rounds": [list(r) for r in self.rounds],  # [first step, H, rounds in a row]
+                "eval_syncs": self.eval_syncs, "eval_bytes": self.eval_bytes, "bn": self.cfg.bn}
+
+
+def check_optimizer_fields(optimizer: torch.optim.Optimizer, fields: list[str]) -> None:
+    """The fields to average must be ones this optimizer keeps."""
+    is_adam = isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW))
+    for name in fields:
+        if name == "momentum_buffer" and not (isinstance(optimizer, torch.optim.SGD)
+                                              and all(g.get("momentum", 0) for g in optimizer.param_groups)):
+            raise UserError("algo.average_optimizer_fields: momentum_buffer needs optim=sgd with momentum > 0")
+        if name in ("exp_avg", "exp_avg_sq") and not is_adam:
+            raise UserError(f"algo.average_optimizer_fields: {name} needs optim=adamw")
+
+
+def unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
