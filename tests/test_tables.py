@@ -82,3 +82,26 @@ def test_failed_row_is_reported_and_others_complete(cli_env: dict, tmp_path: Pat
     log = Path(rows_csv["broken"]["log"])
     assert log.is_file() and "/nonexistent" in log.read_text()
     assert "failed" in (out / "table.md").read_text()
+
+
+TABLES = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "recipes" / "tables").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", TABLES)
+def test_every_shipped_table_composes_row_by_row(name: str, tmp_path: Path) -> None:
+    """What `table.dry_run=true` does, in-process: every row's config composes and validates."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import cli  # registers the table schema
+    from engine.tables import describe_row, load_table, row_args, row_dir
+    from tests.harness import CONF
+
+    assert cli.register_schemas
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        table = load_table(compose(config_name="config", overrides=[f"table={name}"]).table)
+        for row in table.rows:
+            args = row_args(table, row, table.seeds[0], row_dir(tmp_path, row, table.seeds[0]))
+            assert " on " in describe_row(args), row.label
+            assert row.paper.get("source") is not None or not row.paper, f"{row.label}: a paper number without its source"
