@@ -109,3 +109,11 @@ def exponential_peers(rank: int, world_size: int, step: int, num_peers: int) -> 
     hops = exponential_hops(world_size)
     offsets = [1 << ((step + j) % hops) for j in range(num_peers)]
     return ([(rank + o) % world_size for o in offsets], [(rank - o) % world_size for o in offsets])
+
+
+def bipartite_partner(rank: int, world_size: int, step: int) -> int:
+    """AD-PSGD's partner at `step`: even ranks (active) pair with odd ranks (passive) at an odd
+    offset that cycles through 1, 3, ..., world_size - 1, so every step is a perfect matching
+    and over world_size / 2 steps every active rank meets every passive one."""
+    offset = 2 * (step % (world_size // 2)) + 1
+    return (rank + offset) % world_size if rank % 2 == 0 else (rank - offset) % world_size
