@@ -191,7 +191,7 @@ def main() -> None:
                 if "staleness_max" in stats:
                     row["staleness_max"] = stats["staleness_max"]
                     row["staleness_mean"] = round(stats["staleness_mean"], 3)
-                    row["wait_s_max"] = max(stats["wait_s"])
+                    row["wait_global_s_max"] = max(stats["wait_global_s"])
                 rows.append(row)
                 print(f"  {world} ranks, setting {name}, {algo}: {row['sps']:.0f} samples/s", file=sys.stderr, flush=True)
 

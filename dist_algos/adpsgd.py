@@ -37,9 +37,9 @@ import torch.nn as nn
 
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, StepContext, TrainInfo
+from dist_algos.consensus import average_model_, average_model_copy
 from dist_algos.flat import FlatBuffer
 from dist_algos.group_schedule import bipartite_partner
-from dist_algos.wagma import average_model_copy
 from engine.distenv import DistContext
 from engine.errors import UserError
 
@@ -222,8 +222,7 @@ class Adpsgd(DistAlgorithm):
         if self.averager is not None:
             self.averager.close(self.ctx.timeout_s)
             self.averager.drain(list(self.weights))
-        avg = average_model_copy(model, self.ctx.world_size)
-        model.load_state_dict(avg.state_dict())
+        average_model_(model, self.ctx.world_size)
 
     def close(self) -> None:
         if self.averager is not None:

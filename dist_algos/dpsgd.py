@@ -23,9 +23,9 @@ import torch.nn as nn
 
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, StepContext, TrainInfo
+from dist_algos.consensus import average_model_, average_model_copy
 from dist_algos.flat import FlatBuffer
 from dist_algos.group_schedule import ring_neighbours
-from dist_algos.wagma import average_model_copy
 
 RIGHTWARDS, LEFTWARDS = 0, 1  # message tags: the direction a message travels along the ring
 
@@ -73,8 +73,7 @@ class Dpsgd(DistAlgorithm):
         return average_model_copy(model, self.ctx.world_size)
 
     def finalize(self, model: nn.Module) -> None:
-        avg = average_model_copy(model, self.ctx.world_size)
-        model.load_state_dict(avg.state_dict())
+        average_model_(model, self.ctx.world_size)
 
     def state_dict(self) -> dict[str, Any]:
         return {"mixes": self.mixes}

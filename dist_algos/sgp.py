@@ -28,9 +28,9 @@ import torch.nn as nn
 
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, StepContext, TrainInfo
+from dist_algos.consensus import average_model_, average_model_copy
 from dist_algos.flat import FlatBuffer
 from dist_algos.group_schedule import exponential_hops, exponential_peers
-from dist_algos.wagma import average_model_copy
 from engine.distenv import DistContext
 from engine.errors import UserError
 
@@ -104,8 +104,7 @@ class Sgp(DistAlgorithm):
         return average_model_copy(model, self.ctx.world_size)
 
     def finalize(self, model: nn.Module) -> None:
-        avg = average_model_copy(model, self.ctx.world_size)
-        model.load_state_dict(avg.state_dict())
+        average_model_(model, self.ctx.world_size)
 
     def state_dict(self) -> dict[str, Any]:
         return {"ps_weight": self.ps_weight.clone(), "pushes": self.pushes}

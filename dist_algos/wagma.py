@@ -12,24 +12,27 @@ Two modes:
 - `wait_avoiding=true` (default, the paper's method): a background communication thread per
   rank runs the group collectives on process groups of its own; the first group member to
   arrive at a step starts the group average and slower members contribute the model they
-  published last, so the training thread waits only for the global average (and for the
-  communication itself). See `dist_algos.wait_avoiding` for the design and why it cannot
-  deadlock. Timing decides which models meet, so this mode is not bit-reproducible.
+  published last; the training thread waits only at the global average, and a group average
+  reaches its model one step later (or more, when communication is slower than a step), as a
+  correction that keeps the local steps taken meanwhile. See `dist_algos.wait_avoiding` for
+  the design and why it cannot deadlock. Timing decides which models meet, so this mode is not
+  bit-reproducible.
 - `wait_avoiding=false`: the same schedule, synchronously, from the training thread; equal to
   a single-process simulation of K models (the reference-equivalence test) and bit-exact on
   resume.
 
 Differences from the authors' code, on purpose: only trainable weights are averaged (as there;
 momentum and BatchNorm statistics stay local), but the group update is the plain mean over the
-group, (sum of members) / G, with this rank's own term being its current model; their MPI
-operator computes (group sum + own) / (G + 1), which weights the own model twice. Their global
-average comes every 11th step (a limiter of 10); here every tau-th step, as in the paper.
+group, (sum of members) / G (applied as a correction in wait-avoiding mode, which conserves
+the sum of the models); their MPI operator computes (group sum + own) / (G + 1), which weights
+the own model twice, and their training thread waits for each group allreduce to complete.
+Their global average comes every 11th step (a limiter of 10); here every tau-th step, as in
+the paper.
 Evaluation uses the global average of all ranks' weights and BatchNorm statistics (a copy;
 training is not changed), and `finalize` makes that average every rank's final model.
 """
 from __future__ import annotations
 
-import copy
 import datetime
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -41,6 +44,7 @@ import torch.nn as nn
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, StepContext, TrainInfo
 from dist_algos.comm import allreduce_bytes
+from dist_algos.consensus import average_model_, average_model_copy
 from dist_algos.flat import FlatBuffer, average_
 from dist_algos.group_schedule import GroupSchedule, is_global_step, log2_exact
 from dist_algos.wait_avoiding import Round, WaitAvoidingAverager
@@ -58,17 +62,6 @@ class WagmaConfig(AlgoConfig):
     group_size: int = 2  # G: a power of two dividing the number of workers (paper: 8 of 64)
     global_period: int = 10  # tau: a global average every tau-th step, the staleness bound
     wait_avoiding: bool = True  # false: synchronous group averages (deterministic)
-
-
-def average_model_copy(model: nn.Module, world: int) -> nn.Module:
-    """A copy of `model` holding the mean over all ranks of its weights and float buffers."""
-    avg = copy.deepcopy(model)
-    if world > 1:
-        for t in [*avg.parameters(), *avg.buffers()]:
-            if t.is_floating_point():
-                dist.all_reduce(t.data, op=dist.ReduceOp.SUM)
-                t.data.div_(world)
-    return avg
 
 
 @register_algorithm("wagma")
@@ -98,7 +91,8 @@ class Wagma(DistAlgorithm):
         super().__init__(cfg, ctx)
         self.schedule = GroupSchedule(ctx.world_size, cfg.group_size)
         self.averager: Optional[WaitAvoidingAverager] = None
-        self.counts = {"group": 0, "global": 0, "skipped": 0}
+        self._world_group: Any = None  # wait-avoiding mode: the comm thread's own world group
+        self.counts = {"group": 0, "global": 0, "late": 0}
 
     # ---- set-up -----------------------------------------------------------------------------
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: TrainInfo) -> None:
@@ -106,9 +100,8 @@ class Wagma(DistAlgorithm):
         self.weights = FlatBuffer([p for p in model.parameters() if p.requires_grad])
         self.groups = self._build_groups()
         if self.cfg.wait_avoiding and self.ctx.world_size > 1:
-            world_group = self.ctx.new_group(list(range(self.ctx.world_size)))
+            self._world_group = self.ctx.new_group(list(range(self.ctx.world_size)))
             signal_group = dist.new_group(backend="gloo", timeout=SIGNAL_TIMEOUT)
-            self._world_group = world_group
             self.averager = WaitAvoidingAverager(
                 list(self.weights), self.plan, self.ctx.rank, self.schedule.peers(self.ctx.rank),
                 signal_group, self.comm, join_timeout_s=self.ctx.timeout_s)
@@ -130,8 +123,7 @@ class Wagma(DistAlgorithm):
     def plan(self, step: int) -> Round:
         """What step `step` averages on this rank, and over which process group."""
         if is_global_step(step, self.cfg.global_period):
-            group = getattr(self, "_world_group", None)
-            return Round(step, True, list(range(self.ctx.world_size)), group)
+            return Round(step, True, list(range(self.ctx.world_size)), self._world_group)
         phase = self.schedule.phase_at(step)
         members = self.schedule.group_of(self.ctx.rank, phase)
         return Round(step, False, members, self.groups.get((phase, members[0])))
@@ -162,12 +154,8 @@ class Wagma(DistAlgorithm):
     def finalize(self, model: nn.Module) -> None:
         if self.averager is not None:
             self.averager.close()
-        world = self.ctx.world_size
-        if world > 1:
-            for t in [*model.parameters(), *model.buffers()]:
-                if t.is_floating_point():
-                    dist.all_reduce(t.data, op=dist.ReduceOp.SUM)
-                    t.data.div_(world)
+            self.averager.drain(list(self.weights))
+        average_model_(model, self.ctx.world_size)
 
     def close(self) -> None:
         if self.averager is not None:
@@ -184,9 +172,10 @@ class Wagma(DistAlgorithm):
         out: dict[str, float] = {"group_averages": self.counts["group"], "global_averages": self.counts["global"]}
         if self.averager is not None:
             st = self.averager.stats
-            out.update(skipped_averages=self.counts["skipped"], staleness_max=st.staleness_max,
+            out.update(late_steps=self.counts["late"], staleness_max=st.staleness_max,
                        staleness_mean=st.staleness_sum / max(st.group_rounds, 1),
-                       stale_fraction=st.stale_rounds / max(st.group_rounds, 1), wait_s=round(st.wait_s, 4))
+                       stale_fraction=st.stale_rounds / max(st.group_rounds, 1),
+                       wait_global_s=round(st.wait_global_s, 4))
         return out
 
     def plot_keys(self) -> list[str]:
@@ -198,7 +187,7 @@ class Wagma(DistAlgorithm):
         if self.averager is not None:
             st = self.averager.stats
             out.update(staleness_max=st.staleness_max, staleness_mean=st.staleness_sum / max(st.group_rounds, 1),
-                       stale_rounds=st.stale_rounds, group_rounds=st.group_rounds, wait_s=round(st.wait_s, 4),
+                       wait_global_s=round(st.wait_global_s, 4),
                        staleness_hist={str(k): v for k, v in sorted(st.staleness_hist.items())})
         return out
 
@@ -208,16 +197,14 @@ class Wagma(DistAlgorithm):
         if not ranks:
             return {}
         merged = dict(ranks[0])
-        if "staleness_max" in merged:
+        if "staleness_max" in merged:  # wait-avoiding: per-rank lists where ranks differ
+            for key in ("group", "late", "wait_global_s"):
+                merged[key] = [s[key] for s in ranks]
             merged["staleness_max"] = max(s["staleness_max"] for s in ranks)
             merged["staleness_mean"] = sum(s["staleness_mean"] for s in ranks) / len(ranks)
-            merged["skipped"] = [s["skipped"] for s in ranks]
-            merged["wait_s"] = [s["wait_s"] for s in ranks]
             hist: dict[str, int] = {}
             for s in ranks:
                 for k, v in s["staleness_hist"].items():
                     hist[k] = hist.get(k, 0) + v
             merged["staleness_hist"] = dict(sorted(hist.items(), key=lambda kv: int(kv[0])))
-            merged.pop("group_rounds", None)
-            merged.pop("stale_rounds", None)
         return merged

@@ -11,10 +11,11 @@ collectives by letting a background thread, not the training thread, be each ran
   for that step) or a global round. Every rank's communication thread takes part in every round,
   in order, on process groups of its own (the trainer's collectives on the default group, from
   the main thread, never interleave with them).
-- The training thread *publishes* its model at each step (a copy under a lock, stamped with the
-  step: its "version") and reads back the result of the newest round >= its step. It never
-  waits for another rank's computation, only for the communication of a round that it itself
-  may have activated.
+- At each step the training thread folds in the corrections of the rounds completed since its
+  last step, *publishes* its model (a copy under a lock, stamped with the step: its "version")
+  and goes on with its local step at once: at a group step it does not wait, neither for the
+  others' computation nor for the communication; round t's average reaches the model at the
+  next step (or later, when the network is slower than a step).
 - A group round starts on this rank as soon as it is *activated*: by this rank's own arrival at
   that step, or by an activation message from any peer that has reached that round or a later
   one (a later round implies this one is due: the peer cannot be there unless earlier rounds
@@ -25,14 +26,19 @@ collectives by letting a background thread, not the training thread, be each ran
   signals) and wakes the communication thread. The activation therefore travels along the
   schedule: a fast rank pulls every round before its own through the ranks it depends on,
   contributing stale models where ranks are behind, and no round can be left without members.
+- What a round averages is each member's *virtual* model v = published + corrections not yet
+  folded in, and its result is kept as a correction, mean - v, that the training thread adds
+  to its current model. So the local steps a rank took after publishing are kept rather than
+  averaged away, and every round conserves the sum of the members' models exactly: the global
+  average at a sync equals the start plus all ranks' updates over the number of ranks, as in
+  synchronous training (the test checks this). A member that published at the round's own
+  step and has nothing pending gets exactly the group mean, as in the synchronous mode.
 - A global round starts only when this rank's own training thread arrives (a synchronous
-  all_reduce over a world group of its own): that is the only point where the training thread
-  waits for the others. Every rank publishes its model at every global step, so a contribution
-  to any group round between two global rounds is at most tau - 1 steps old: the staleness
-  bound tau holds by construction, and the thread records the staleness it actually saw.
-- A rank that falls behind finds rounds already done with its stale model; it applies the
-  newest result once (its own contribution replaced by its current model, so it is not
-  counted twice) and, when no new round has completed since, takes a purely local step.
+  all_reduce over a world group of its own), after every earlier round has completed and been
+  folded in: that is the only point where the training thread waits. Every rank publishes its
+  model at every global step, so a contribution to any group round between two global rounds
+  is at most tau - 1 steps old: the staleness bound tau holds by construction, and the thread
+  records the staleness it actually saw.
 
 Messages are two int64 values (kind, round). At the end every rank sends STOP to each of its
 peers, so every posted receive completes and close() leaves no pending operation behind.
@@ -73,8 +79,8 @@ class AveragerStats:
     stale_rounds: int = 0  # group rounds this rank joined with a model older than the round
     staleness_max: int = 0
     staleness_sum: int = 0
-    skipped: int = 0  # training steps with no new group result (rank behind): local step only
-    wait_s: float = 0.0  # training thread blocked on results (global syncs, communication)
+    late_steps: int = 0  # group steps at which no round had completed since the previous step
+    wait_global_s: float = 0.0  # the training thread blocked at global averages
     messages: int = 0  # activation messages sent
     staleness_hist: dict[int, int] = field(default_factory=dict)
 
@@ -103,18 +109,16 @@ class WaitAvoidingAverager:
         self.device = buffers[0].device
         self.stats = AveragerStats()
         self._published = [b.detach().clone() for b in buffers]
+        self._pending = [torch.zeros_like(b) for b in buffers]  # corrections not yet folded in
         self._work = [torch.empty_like(b) for b in buffers]
         self._contributed = [torch.empty_like(b) for b in buffers]
-        self._others = [torch.zeros_like(b) for b in buffers]  # sum of the other members' models
         self._cv = threading.Condition()
         self._version = -1  # step of the published model
         self._arrived = -1  # newest step this rank's training thread has reached
         self._activated = -1  # newest round any peer has told us it reached
         self._peer_round = {p: -1 for p in self.peers}
         self._completed = -1
-        self._result_round = -1
-        self._result_size = 1
-        self._consumed = -1
+        self._folded = -1  # newest round whose correction the training thread has folded in
         self._stopping = False
         self._error: Optional[BaseException] = None
         self._threads: list[threading.Thread] = []
@@ -125,39 +129,59 @@ class WaitAvoidingAverager:
         return bool(self._threads)
 
     def start(self, first_round: int) -> None:
-        self._completed = first_round - 1
+        self._completed = self._folded = first_round - 1
         self._threads = [threading.Thread(target=self._listen, name="wagma-listener", daemon=True),
                          threading.Thread(target=self._run, args=(first_round,), name="wagma-comm", daemon=True)]
         for t in self._threads:
             t.start()
 
     def exchange(self, step: int, buffers: list[torch.Tensor]) -> str:
-        """Publish `buffers` as this rank's model at `step` and average them in place with the
-        newest result: "global" (the global average), "group", or "skipped" (nothing new)."""
+        """This rank's part of step `step`, on the training thread: fold the completed rounds'
+        corrections into `buffers`, publish them, and at a global step wait for the global
+        average and return it in `buffers`. Returns "global", "group" (corrections were folded
+        in) or "late" (no round has completed since the previous step)."""
         if not self.started:
             self.start(step)
+        is_global = self.plan(step).is_global
         with self._cv:
+            t0 = time.perf_counter()
+            if is_global:  # every group round before it is done and folded in first
+                self._wait(lambda: self._completed >= step - 1)
+            kind = "group" if self._fold(buffers) else "late"
             for dst, src in zip(self._published, buffers):
                 dst.copy_(src)
             _sync(self.device)
             self._version = self._arrived = step
             self._cv.notify_all()
-            t0 = time.perf_counter()
-            self._cv.wait_for(lambda: self._completed >= step or self._error is not None)
-            self.stats.wait_s += time.perf_counter() - t0
-            if self._error is not None:
-                raise RuntimeError(f"wait-avoiding communication thread failed: {self._error!r}") from self._error
-            if self.plan(step).is_global:  # the comm thread left the average in _published
-                for dst, src in zip(buffers, self._published):
-                    dst.copy_(src)
-                return "global"
-            if self._result_round > self._consumed:
-                self._consumed = self._result_round
-                for dst, others in zip(buffers, self._others):
-                    dst.add_(others).div_(self._result_size)
-                return "group"
-            self.stats.skipped += 1
-            return "skipped"
+            if not is_global:
+                self.stats.late_steps += kind == "late"
+                return kind
+            self._wait(lambda: self._completed >= step)
+            for dst, src in zip(buffers, self._published):  # the comm thread left the average there
+                dst.copy_(src)
+            self._folded = step
+            self.stats.wait_global_s += time.perf_counter() - t0
+            return "global"
+
+    def drain(self, buffers: list[torch.Tensor]) -> None:
+        """Fold in what the last rounds left (after close(), before a final average)."""
+        with self._cv:
+            self._fold(buffers)
+
+    def _wait(self, ready: Callable[[], bool]) -> None:
+        self._cv.wait_for(lambda: ready() or self._error is not None)
+        if self._error is not None:
+            raise RuntimeError(f"wait-avoiding communication thread failed: {self._error!r}") from self._error
+
+    def _fold(self, buffers: list[torch.Tensor]) -> bool:
+        """buffers += pending corrections (under the lock); whether a new round had completed."""
+        if self._completed <= self._folded:
+            return False
+        for b, pending in zip(buffers, self._pending):
+            b.add_(pending)
+            pending.zero_()
+        self._folded = self._completed
+        return True
 
     def close(self) -> None:
         """Stop both threads (after the rounds still due); waits for the peers' STOP messages."""
@@ -187,17 +211,17 @@ class WaitAvoidingAverager:
                             return
                         rnd = self.plan(r)
                         version = self._version
-                        for w, c, p in zip(self._work, self._contributed, self._published):
-                            w.copy_(p)
-                            c.copy_(p)
+                        for w, c, p, pending in zip(self._work, self._contributed, self._published, self._pending):
+                            torch.add(p, pending, out=c)  # the virtual model: what this rank will hold
+                            w.copy_(c)
                         told = [p for p in rnd.members if p != self.rank and self._peer_round.get(p, -1) >= r]
                     sends = [] if rnd.is_global or told else self._activate(rnd)
                     self._reduce(rnd)
                     if stream is not None:
                         stream.synchronize()
-                    for work in sends:
-                        work.wait()
                     self._finish_round(rnd, version)
+                    for work in sends:  # delivered by now or soon: peers' listeners always receive
+                        work.wait()
                     r += 1
         except BaseException as err:  # surfaced to the training thread by exchange()
             with self._cv:
@@ -229,14 +253,13 @@ class WaitAvoidingAverager:
     def _finish_round(self, rnd: Round, version: int) -> None:
         size = len(rnd.members)
         with self._cv:
-            if rnd.is_global:
+            if rnd.is_global:  # nothing was pending: the training thread folded it in and waits
                 for p, w in zip(self._published, self._work):
                     p.copy_(w.div_(size))
                 self.stats.global_rounds += 1
-            else:
-                for o, w, c in zip(self._others, self._work, self._contributed):
-                    torch.sub(w, c, out=o)
-                self._result_round, self._result_size = rnd.index, size
+            else:  # pending += mean - contributed
+                for pending, w, c in zip(self._pending, self._work, self._contributed):
+                    pending.add_(w.div_(size)).sub_(c)
                 staleness = rnd.index - version
                 st = self.stats
                 st.group_rounds += 1

@@ -1,6 +1,7 @@
 """WAGMA-SGD: the group schedule, the synchronous mode against a single-process simulation of the
 same schedule, and the wait-avoiding mode under random delays (no deadlock, staleness within
-tau, every rank equal right after each global average).
+tau, every rank equal right after each global average, and no update lost or counted twice:
+each global average equals the start plus every rank's SGD steps over the number of ranks).
 
 One `run_ranks` call per world size runs every variant (module-scoped fixtures), because
 starting gloo ranks is the expensive part.
@@ -24,6 +25,7 @@ from tests.plugin_harness import flat_params, grad_step, make_workers, plugin_tr
 SYNC_STEPS = 12
 WA_STEPS = 1000
 WA_TAU = 10
+WA_LR = 0.05
 
 # (group_size, global_period, optimizer) per world size, for the synchronous mode
 SYNC_VARIANTS = {4: [(2, 3, "sgd"), (1, 4, "nesterov")], 8: [(4, 5, "sgd"), (2, 4, "adamw")]}
@@ -82,13 +84,14 @@ def wait_avoiding_run(rank: int, world: int, group_size: int, steps: int) -> dic
     plugin = cls(cfg, ctx)
     torch.manual_seed(0)
     model = nn.Linear(6, 3)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    opt = torch.optim.SGD(model.parameters(), lr=WA_LR)
     info = TrainInfo(total_steps=steps, steps_per_epoch=steps, lr_at=lambda s: 0.05, warmup_steps=0,
                      train_batches=lambda n: iter(()), forward=lambda m, x: m(x))
     plugin.setup(model, opt, info)
     delays = random.Random(1000 + rank)
     grads = torch.Generator().manual_seed(rank)
     synced: list[torch.Tensor] = []
+    start = flat_params(model)
     for step in range(steps):
         for p in model.parameters():
             p.grad = torch.randn(p.shape, generator=grads)
@@ -105,8 +108,18 @@ def wait_avoiding_run(rank: int, world: int, group_size: int, steps: int) -> dic
     final = flat_params(model)
     plugin.close()
     threads_alive = any(t.is_alive() for t in plugin.averager._threads)
-    return {"synced": synced, "final": final, "stats": dataclasses.asdict(plugin.averager.stats),
+    return {"start": start, "synced": synced, "final": final, "stats": dataclasses.asdict(plugin.averager.stats),
             "counts": dict(plugin.counts), "threads_alive": threads_alive}
+
+
+def random_gradient_sums(world: int, steps: int, shapes: list[torch.Size]) -> list[torch.Tensor]:
+    """sums[t] = sum over ranks and steps s < t of the flat random gradients the ranks used."""
+    per_step = torch.zeros(steps, sum(torch.Size(s).numel() for s in shapes))
+    for rank in range(world):
+        gen = torch.Generator().manual_seed(rank)
+        for step in range(steps):
+            per_step[step] += torch.cat([torch.randn(s, generator=gen).reshape(-1) for s in shapes])
+    return list(torch.cat([torch.zeros(1, per_step.shape[1]), per_step.cumsum(0)]))
 
 
 def rank_all(rank: int, world: int) -> dict[str, Any]:
@@ -184,3 +197,12 @@ def test_wait_avoiding_bounded_staleness_and_global_agreement(ranks: tuple[int, 
         for rank in range(1, world):
             assert torch.equal(wa[rank]["synced"][i], wa[0]["synced"][i]), f"global sync {i}: rank {rank} differs"
     assert all(torch.equal(r["final"], wa[0]["final"]) for r in wa)
+    # group averages move models, never the sum: with plain SGD the global average at step g is
+    # the start minus lr / world times every gradient any rank applied before g
+    shapes = [torch.Size([3, 6]), torch.Size([3])]  # nn.Linear(6, 3): weight, bias
+    sums = random_gradient_sums(world, WA_STEPS, shapes)
+    global_steps = [s for s in range(WA_STEPS) if is_global_step(s, WA_TAU)]
+    for i, g in enumerate(global_steps):
+        expected = wa[0]["start"] - WA_LR / world * sums[g]
+        assert torch.allclose(wa[0]["synced"][i], expected, atol=1e-4, rtol=0), \
+            f"global sync at step {g}: max diff {(wa[0]['synced'][i] - expected).abs().max()}"
