@@ -11,7 +11,9 @@ which rank is delayed at which step, and the same fixed delay in milliseconds):
 
 - setting A, random imbalance: every rank, independently each step, is delayed by 4x the median
   undelayed step time with probability 0.2 (the kind of imbalance uneven sample lengths cause);
-- setting B, one persistently slow rank: rank 1 takes twice as long every step.
+- setting B, one persistently slow rank: rank 1 takes twice as long every step;
+- setting 0, no injected delay: the reference that separates what a method gains from
+  communicating less (or in the background) from what it gains by not waiting for stragglers.
 
 The median undelayed step time c is measured first, per world size, by a short allreduce run in
 which the injector calibrates itself (factor mode): c = its injected seconds / (4 x the steps it
@@ -123,12 +125,22 @@ def settings(world: int, c: float) -> dict[str, tuple[ImbalanceConfig, list[str]
     delay_b = round((SLOW_FACTOR - 1) * c * 1000, 3)
     a = ImbalanceConfig(delay_ms=delay_a, prob=PROB, seed=SEED)
     b = ImbalanceConfig(ranks=[SLOW_RANK], delay_ms=delay_b, prob=1.0, seed=SEED)
+    none = ImbalanceConfig(delay_ms=0.0, prob=0.0, seed=SEED)
     return {
+        "0": (none, ["train.imbalance.delay_ms=0", "train.imbalance.factor=0"]),
         "A": (a, [f"train.imbalance.delay_ms={delay_a}", f"train.imbalance.prob={PROB}",
                   f"train.imbalance.seed={SEED}", "train.imbalance.ranks=null"]),
         "B": (b, [f"train.imbalance.delay_ms={delay_b}", "train.imbalance.prob=1.0",
                   f"train.imbalance.seed={SEED}", f"train.imbalance.ranks=[{SLOW_RANK}]"]),
     }
+
+
+def check_delays(summary: dict[str, Any], schedule: list[list[float]], what: str) -> None:
+    """The run injected exactly the replayed schedule (so every algorithm got the same delays)."""
+    for rank, injected in enumerate(summary["imbalance_s"]):
+        if abs(injected - sum(schedule[rank])) > 0.002:
+            raise RuntimeError(f"{what}: rank {rank} injected {injected:.3f} s, the replayed schedule "
+                               f"says {sum(schedule[rank]):.3f} s")
 
 
 def ideal_ratio(delays: list[list[float]], c: float, tau: int) -> float:
@@ -150,7 +162,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=32, help="small_cnn width (the tiny model)")
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--algos", nargs="+", default=["allreduce", "wagma", "local_sgd", "dpsgd"])
-    parser.add_argument("--settings", nargs="+", default=["A", "B"], choices=["A", "B"])
+    parser.add_argument("--settings", nargs="+", default=["0", "A", "B"], choices=["0", "A", "B"])
     parser.add_argument("--calibration-steps", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run before it counts as hung")
@@ -175,7 +187,8 @@ def main() -> None:
         for name, (cfg, overrides) in settings(world, c).items():
             if name not in args.settings:
                 continue
-            ideal[(world, name)] = ideal_ratio(replay(world, args.steps, cfg, c), c, args.tau)
+            schedule = replay(world, args.steps, cfg, c)
+            ideal[(world, name)] = ideal_ratio(schedule, c, args.tau)
             for algo in args.algos:
                 extra = algo_overrides(algo, args.tau, args.group_size)
                 if extra is None:
@@ -184,6 +197,7 @@ def main() -> None:
                         notes.append(note)
                     continue
                 summary = run(world, common_overrides(args, args.steps) + extra + overrides, args.timeout)
+                check_delays(summary, schedule, f"{world} ranks, setting {name}, {algo}")
                 row = {"ranks": world, "setting": name, "algo": algo, "sps": summary["samples_per_s"],
                        "train_s": summary["train_s"], "comm_s": summary["comm_s"],
                        "injected_s": round(sum(summary["imbalance_s"]), 3), "c_ms": round(c * 1000, 3)}
@@ -229,8 +243,9 @@ def print_table(rows: list[dict[str, Any]], ideal: dict[tuple[int, str], float])
         print(f"{r['ranks']:>5} {r['setting']:>3} {r['algo']:<10} {r['sps']:>10.0f} {r['vs_allreduce']:>11.2f}x "
               f"{ideal[(r['ranks'], r['setting'])]:>5.2f}x {r['vs_ideal']:>7.0%} {r['train_s']:>8.2f} "
               f"{r['comm_s']:>7.2f} {stale:>18}")
-    print("setting A: every rank delayed by 4x the median step time with probability 0.2 per step; "
-          "B: rank 1 twice as slow every step. ideal: the best any method with staleness <= tau can do.")
+    print("setting 0: no delay; A: every rank delayed by 4x the median step time with probability 0.2 per "
+          "step; B: rank 1 twice as slow every step. ideal: the best a method with staleness <= tau can do "
+          "against waiting for stragglers (communication time not counted).")
 
 
 if __name__ == "__main__":
