@@ -83,11 +83,21 @@ def quiet_train_in_rank(rank: int, world: int, overrides: list[str], run_dir: st
         return train_in_rank(rank, world, overrides, run_dir)
 
 
-def run(world: int, overrides: list[str], timeout: float) -> dict[str, Any]:
-    """One training run on `world` gloo ranks; the reporting rank's summary.json content."""
-    with tempfile.TemporaryDirectory(prefix="bench_imbalance_") as tmp:
-        results = run_ranks(quiet_train_in_rank, world, overrides, tmp, timeout=timeout)
-    return next(r for r in results if r is not None)
+def run(world: int, overrides: list[str], timeout: float, attempts: int = 2) -> dict[str, Any]:
+    """One training run on `world` gloo ranks; the reporting rank's summary.json content.
+    A run whose ranks fail to connect (a loopback port taken between choosing and binding it,
+    on a busy machine) is started again once; any other failure still ends the bench."""
+    for attempt in range(attempts):
+        try:
+            with tempfile.TemporaryDirectory(prefix="bench_imbalance_") as tmp:
+                results = run_ranks(quiet_train_in_rank, world, overrides, tmp, timeout=timeout)
+            return next(r for r in results if r is not None)
+        except AssertionError as err:
+            if attempt + 1 == attempts or "Connection" not in str(err):
+                raise
+            print(f"  (ranks failed to connect, starting the run again: {str(err).splitlines()[-1][:120]})",
+                  file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")
 
 
 def replay(world: int, steps: int, cfg: ImbalanceConfig, undelayed_s: float) -> list[list[float]]:

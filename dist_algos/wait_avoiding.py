@@ -214,6 +214,8 @@ class WaitAvoidingAverager:
                         for w, c, p, pending in zip(self._work, self._contributed, self._published, self._pending):
                             torch.add(p, pending, out=c)  # the virtual model: what this rank will hold
                             w.copy_(c)
+                        if stream is not None:  # done reading before the training thread may write
+                            stream.synchronize()
                         told = [p for p in rnd.members if p != self.rank and self._peer_round.get(p, -1) >= r]
                     sends = [] if rnd.is_global or told else self._activate(rnd)
                     self._reduce(rnd)
