@@ -187,7 +187,7 @@ class Wagma(DistAlgorithm):
         if self.averager is not None:
             st = self.averager.stats
             out.update(staleness_max=st.staleness_max, staleness_mean=st.staleness_sum / max(st.group_rounds, 1),
-                       wait_global_s=round(st.wait_global_s, 4),
+                       wait_global_s=round(st.wait_global_s, 4), comm_behind=st.comm_behind,
                        staleness_hist={str(k): v for k, v in sorted(st.staleness_hist.items())})
         return out
 
@@ -198,7 +198,7 @@ class Wagma(DistAlgorithm):
             return {}
         merged = dict(ranks[0])
         if "staleness_max" in merged:  # wait-avoiding: per-rank lists where ranks differ
-            for key in ("group", "late", "wait_global_s"):
+            for key in ("group", "late", "wait_global_s", "comm_behind"):
                 merged[key] = [s[key] for s in ranks]
             merged["staleness_max"] = max(s["staleness_max"] for s in ranks)
             merged["staleness_mean"] = sum(s["staleness_mean"] for s in ranks) / len(ranks)

@@ -80,6 +80,7 @@ class AveragerStats:
     staleness_max: int = 0
     staleness_sum: int = 0
     late_steps: int = 0  # group steps at which no round had completed since the previous step
+    comm_behind: int = 0  # group rounds run after this rank's training thread had gone past them
     wait_global_s: float = 0.0  # the training thread blocked at global averages
     messages: int = 0  # activation messages sent
     staleness_hist: dict[int, int] = field(default_factory=dict)
@@ -262,8 +263,11 @@ class WaitAvoidingAverager:
             else:  # pending += mean - contributed
                 for pending, w, c in zip(self._pending, self._work, self._contributed):
                     pending.add_(w.div_(size)).sub_(c)
-                staleness = rnd.index - version
                 st = self.stats
+                # a contribution newer than the round: the comm thread ran behind its training
+                # thread, which published later steps meanwhile (fresher, not stale)
+                st.comm_behind += version > rnd.index
+                staleness = max(0, rnd.index - version)
                 st.group_rounds += 1
                 st.stale_rounds += staleness > 0
                 st.staleness_max = max(st.staleness_max, staleness)
