@@ -93,6 +93,7 @@ class Wagma(DistAlgorithm):
         self.averager: Optional[WaitAvoidingAverager] = None
         self._world_group: Any = None  # wait-avoiding mode: the comm thread's own world group
         self.counts = {"group": 0, "global": 0, "late": 0}
+        self._restored_pending: list[torch.Tensor] = []  # corrections a checkpoint carried over
 
     # ---- set-up -----------------------------------------------------------------------------
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: TrainInfo) -> None:
@@ -130,6 +131,9 @@ class Wagma(DistAlgorithm):
 
     # ---- training ---------------------------------------------------------------------------
     def step(self, ctx: StepContext) -> None:
+        for buf, pending in zip(self.weights, self._restored_pending):
+            buf.add_(pending.to(buf.device))
+        self._restored_pending = []
         if self.ctx.world_size > 1:
             if self.averager is not None:
                 kind = self.averager.exchange(ctx.step, list(self.weights))
@@ -163,10 +167,14 @@ class Wagma(DistAlgorithm):
 
     # ---- state and reporting ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"counts": dict(self.counts)}
+        state: dict[str, Any] = {"counts": dict(self.counts)}
+        if self.averager is not None:  # group averages that reached this rank but not its model yet
+            state["pending"] = self.averager.pending_copy()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.counts = {k: int(v) for k, v in state["counts"].items()}
+        self._restored_pending = list(state.get("pending", []))
 
     def metrics(self) -> dict[str, float]:
         out: dict[str, float] = {"group_averages": self.counts["group"], "global_averages": self.counts["global"]}

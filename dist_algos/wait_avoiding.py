@@ -164,6 +164,12 @@ class WaitAvoidingAverager:
             self.stats.wait_global_s += time.perf_counter() - t0
             return "global"
 
+    def pending_copy(self) -> list[torch.Tensor]:
+        """The corrections not yet folded in, as of now (for a checkpoint; rounds still in
+        flight are not in it)."""
+        with self._cv:
+            return [p.detach().cpu().clone() for p in self._pending]
+
     def drain(self, buffers: list[torch.Tensor]) -> None:
         """Fold in what the last rounds left (after close(), before a final average)."""
         with self._cv:
