@@ -71,7 +71,7 @@ def algo_overrides(name: str, tau: int, group_size: int) -> Optional[list[str]]:
 
 def common_overrides(args: argparse.Namespace, steps: int) -> list[str]:
     never = 10 ** 9
-    return [f"model=small_cnn", f"model.width={args.width}", f"train.batch_size={args.batch_size}",
+    return ["model=small_cnn", f"model.width={args.width}", f"train.batch_size={args.batch_size}",
             f"train.max_steps={steps}", "train.eval_every_epochs=null", "train.eval_every_steps=null",
             "checkpoint.every_epochs=null", "checkpoint.keep_best=false", f"train.log_every_steps={never}",
             f"train.preempt_check_every={never}", "resume=null", "sched=constant", f"seed={args.seed}"]
@@ -115,18 +115,16 @@ def replay(world: int, steps: int, cfg: ImbalanceConfig, undelayed_s: float) -> 
 
 
 def calibrate(world: int, args: argparse.Namespace) -> float:
-    """The median undelayed step time c, as the runner's injector measures it (all ranks
-    computing at once, as they do in every run here)."""
+    """The median undelayed step time c, as the runner's injector measures it over its first
+    steps (in synchronous training, so with every rank computing at once): a short allreduce
+    run in factor mode delays FACTOR x c at every hit after calibration; c = seconds / (FACTOR x hits)."""
     steps = args.calibration_steps
     cfg = ImbalanceConfig(factor=FACTOR, prob=PROB, seed=SEED)
-    summary = run(world, common_overrides(args, steps) + ["algo=allreduce", f"train.imbalance.factor={FACTOR}",
-                                                          f"train.imbalance.prob={PROB}", f"train.imbalance.seed={SEED}"],
-                  args.timeout)
-    per_rank = []
-    for rank, injected in enumerate(summary["imbalance_s"]):
-        hits = sum(d > 0 for d in replay(world, steps, cfg, 1.0)[rank])
-        if hits:
-            per_rank.append(injected / (FACTOR * hits))
+    injector = [f"train.imbalance.factor={FACTOR}", f"train.imbalance.prob={PROB}", f"train.imbalance.seed={SEED}"]
+    summary = run(world, common_overrides(args, steps) + ["algo=allreduce", *injector], args.timeout)
+    schedule = replay(world, steps, cfg, 1.0)
+    per_rank = [injected / (FACTOR * hits) for injected, hits in
+                zip(summary["imbalance_s"], (sum(d > 0 for d in delays) for delays in schedule)) if hits]
     return statistics.median(per_rank)
 
 
@@ -217,7 +215,8 @@ def main() -> None:
                     row["staleness_mean"] = round(stats["staleness_mean"], 3)
                     row["wait_global_s_max"] = max(stats["wait_global_s"])
                 rows.append(row)
-                print(f"  {world} ranks, setting {name}, {algo}: {row['sps']:.0f} samples/s", file=sys.stderr, flush=True)
+                print(f"  {world} ranks, setting {name}, {algo}: {row['sps']:.0f} samples/s",
+                      file=sys.stderr, flush=True)
 
     def sps(world: int, setting: str, algo: str) -> Optional[float]:
         return next((r["sps"] for r in rows if (r["ranks"], r["setting"], r["algo"]) == (world, setting, algo)), None)

@@ -207,7 +207,8 @@ class Adpsgd(DistAlgorithm):
         with self.comm.timed():
             works = []
             for buf, recv in zip(self.weights, self.received):
-                works += [dist.isend(buf, dst=partner, group=self.group), dist.irecv(recv, src=partner, group=self.group)]
+                works += [dist.isend(buf, dst=partner, group=self.group),
+                          dist.irecv(recv, src=partner, group=self.group)]
             for w in works:
                 w.wait()
         for buf, recv in zip(self.weights, self.received):

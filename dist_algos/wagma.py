@@ -85,7 +85,8 @@ class Wagma(DistAlgorithm):
             raise UserError(f"algo.group_size={cfg.group_size} is larger than the {world_size} workers; "
                             f"use at most {world_size}")
         if cfg.global_period < 1:
-            raise UserError(f"algo.global_period={cfg.global_period} must be at least 1 (tau, steps between global averages)")
+            raise UserError(f"algo.global_period={cfg.global_period} must be at least 1 "
+                            "(tau, the steps between global averages)")
 
     def __init__(self, cfg: WagmaConfig, ctx: DistContext) -> None:
         super().__init__(cfg, ctx)
