@@ -61,7 +61,7 @@ def _context() -> Any:
     global _CTX
     if _CTX is None:
         _CTX = mp.get_context("forkserver")
-        _CTX.set_forkserver_preload(["torch", "torch.distributed", "tests.harness", "tests.plugin_harness",
+        _CTX.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "tests.harness", "tests.plugin_harness",
                                      "engine.trainer", "dist_algos", "data.digits", "sklearn.datasets"])
     return _CTX
 

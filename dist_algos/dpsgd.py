@@ -1,0 +1,82 @@
+"""D-PSGD: decentralized parallel SGD on a ring (Lian et al., NeurIPS 2017), a WAGMA baseline.
+
+Every step each worker exchanges its weights with its two ring neighbours and replaces them by
+x = (x_left + x + x_right) / 3, then applies its own gradient (computed at the weights before
+mixing) with the local optimizer: x_{t+1} = sum_j W_ij x_j - lr * g_i(x_i), W the ring's
+doubly stochastic mixing matrix. As in WAGMA's baseline (MPI sends to both neighbours), only
+trainable weights are mixed; on two ranks both neighbours are the same rank, which is then
+counted twice, as there. Synchronous: each step waits for both neighbours. Evaluation uses the
+average of all ranks' models (a copy), and `finalize` makes that average every rank's model.
+
+Point-to-point sends run on a process group of this plugin's own (every rank creates it at
+set-up), tagged by direction so that the two messages between the same pair of ranks on a ring
+of two cannot be confused.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from dist_algos import register_algorithm
+from dist_algos.base import AlgoConfig, DistAlgorithm, StepContext, TrainInfo
+from dist_algos.consensus import average_model_, average_model_copy
+from dist_algos.flat import FlatBuffer
+from dist_algos.group_schedule import ring_neighbours
+
+RIGHTWARDS, LEFTWARDS = 0, 1  # message tags: the direction a message travels along the ring
+
+
+@dataclass
+class DpsgdConfig(AlgoConfig):
+    name: str = "dpsgd"
+
+
+@register_algorithm("dpsgd")
+class Dpsgd(DistAlgorithm):
+    Config = DpsgdConfig
+    test_world_size = 4
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: TrainInfo) -> None:
+        super().setup(model, optimizer, info)
+        self.weights = FlatBuffer([p for p in model.parameters() if p.requires_grad])
+        self.from_left = [torch.empty_like(b) for b in self.weights]
+        self.from_right = [torch.empty_like(b) for b in self.weights]
+        self.group = self.ctx.new_group(list(range(self.ctx.world_size))) if self.ctx.world_size > 1 else None
+        self.mixes = 0
+
+    def step(self, ctx: StepContext) -> None:
+        if self.ctx.world_size > 1:
+            self._mix()
+        ctx.optimizer_step()
+
+    def _mix(self) -> None:
+        left, right = ring_neighbours(self.ctx.rank, self.ctx.world_size)
+        with self.comm.timed():
+            works = []
+            for buf, from_left, from_right in zip(self.weights, self.from_left, self.from_right):
+                works += [dist.irecv(from_left, src=left, group=self.group, tag=RIGHTWARDS),
+                          dist.irecv(from_right, src=right, group=self.group, tag=LEFTWARDS),
+                          dist.isend(buf, dst=right, group=self.group, tag=RIGHTWARDS),
+                          dist.isend(buf, dst=left, group=self.group, tag=LEFTWARDS)]
+            for work in works:
+                work.wait()
+        for buf, from_left, from_right in zip(self.weights, self.from_left, self.from_right):
+            buf.copy_(from_left.add_(buf).add_(from_right).div_(3))
+        self.comm.add(sent=2 * self.weights.nbytes, recv=2 * self.weights.nbytes, syncs=1)
+        self.mixes += 1
+
+    def eval_model(self, model: nn.Module) -> nn.Module:
+        return average_model_copy(model, self.ctx.world_size)
+
+    def finalize(self, model: nn.Module) -> None:
+        average_model_(model, self.ctx.world_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"mixes": self.mixes}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.mixes = int(state["mixes"])

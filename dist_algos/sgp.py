@@ -1,0 +1,117 @@
+"""SGP: stochastic gradient push (Assran, Loizou, Ballas, Rabbat; ICML 2019), a WAGMA baseline.
+
+Push-sum gossip over a time-varying directed exponential graph: at step t rank i sends to
+i + 2^((t + j) mod m), j < `num_peers` (`dist_algos.group_schedule.exponential_peers`). Each
+rank keeps a push-sum weight w (1 at the start) next to its model; the model the network sees
+(forward, backward, the optimizer) is the de-biased z = x / w, where x is the push-sum numerator.
+Per step, as in the SGP paper's Algorithm 1:
+
+1. the local optimizer step on z with the gradient computed at z;
+2. x = z * w; send (x, w) / (num_peers + 1) to each out-peer and keep the same share;
+3. x = own share + received shares, w likewise; z = x / w.
+
+Only trainable weights are gossiped (momentum and BatchNorm statistics stay local), as in
+WAGMA's MPI baseline; that baseline uses two peers per step (the recipes do too), the SGP paper
+one. Every rank has as many in-peers as out-peers here, so the mixing is doubly stochastic and w
+stays 1 up to rounding; it is still carried (and checkpointed), which is what keeps z unbiased
+should the graph lose that balance. Synchronous: a step waits for its in-peers' messages.
+Evaluation uses the average over all ranks (a copy); `finalize` makes it every rank's model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from dist_algos import register_algorithm
+from dist_algos.base import AlgoConfig, DistAlgorithm, StepContext, TrainInfo
+from dist_algos.consensus import average_model_, average_model_copy
+from dist_algos.flat import FlatBuffer
+from dist_algos.group_schedule import exponential_hops, exponential_peers
+from engine.distenv import DistContext
+from engine.errors import UserError
+
+
+@dataclass
+class SgpConfig(AlgoConfig):
+    name: str = "sgp"
+    num_peers: int = 1  # out-peers per step (SGP paper: 1; WAGMA's baseline: 2)
+
+
+@register_algorithm("sgp")
+class Sgp(DistAlgorithm):
+    Config = SgpConfig
+    test_world_size = 4
+
+    cfg: SgpConfig
+
+    @classmethod
+    def validate(cls, cfg: SgpConfig, world_size: int, local_size: int) -> None:
+        hops = exponential_hops(world_size)
+        if cfg.num_peers < 1:
+            raise UserError(f"algo.num_peers={cfg.num_peers} must be at least 1")
+        if world_size > 1 and cfg.num_peers > hops:
+            raise UserError(f"algo.num_peers={cfg.num_peers}: {world_size} workers have only {hops} distinct "
+                            f"exponential-graph peers; use at most {hops}")
+
+    def __init__(self, cfg: SgpConfig, ctx: DistContext) -> None:
+        super().__init__(cfg, ctx)
+        self.ps_weight = torch.ones((), dtype=torch.float64)
+        self.pushes = 0
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: TrainInfo) -> None:
+        super().setup(model, optimizer, info)
+        self.weights = FlatBuffer([p for p in model.parameters() if p.requires_grad])
+        k = self.cfg.num_peers
+        self.received = [[torch.empty_like(b) for b in self.weights] for _ in range(k)]
+        self.received_w = [torch.empty(1, dtype=torch.float64) for _ in range(k)]
+        self.group = self.ctx.new_group(list(range(self.ctx.world_size))) if self.ctx.world_size > 1 else None
+
+    def step(self, ctx: StepContext) -> None:
+        ctx.optimizer_step()
+        if self.ctx.world_size > 1:
+            self._push(ctx.step)
+
+    def _push(self, step: int) -> None:
+        k = self.cfg.num_peers
+        out_peers, in_peers = exponential_peers(self.ctx.rank, self.ctx.world_size, step, k)
+        share_w = float(self.ps_weight) / (k + 1)
+        shares = [b.mul(share_w) for b in self.weights]  # x / (k + 1) with x = z * w
+        share_w_t = torch.tensor([share_w], dtype=torch.float64)
+        n = len(shares) + 1  # messages per peer: the buffers and the weight
+        with self.comm.timed():
+            works = []
+            for j, (dst, src) in enumerate(zip(out_peers, in_peers)):
+                for i, (recv, share) in enumerate(zip([*self.received[j], self.received_w[j]], [*shares, share_w_t])):
+                    works.append(dist.irecv(recv, src=src, group=self.group, tag=j * n + i))
+                    works.append(dist.isend(share, dst=dst, group=self.group, tag=j * n + i))
+            for work in works:
+                work.wait()
+        new_w = share_w + sum(float(r) for r in self.received_w)
+        for i, (buf, x) in enumerate(zip(self.weights, shares)):
+            for j in range(k):
+                x.add_(self.received[j][i])
+            buf.copy_(x.div_(new_w))
+        self.ps_weight.fill_(new_w)
+        nbytes = k * (self.weights.nbytes + 8)
+        self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
+        self.pushes += 1
+
+    def eval_model(self, model: nn.Module) -> nn.Module:
+        return average_model_copy(model, self.ctx.world_size)
+
+    def finalize(self, model: nn.Module) -> None:
+        average_model_(model, self.ctx.world_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ps_weight": self.ps_weight.clone(), "pushes": self.pushes}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.ps_weight.copy_(state["ps_weight"])
+        self.pushes = int(state["pushes"])
+
+    def metrics(self) -> dict[str, float]:
+        return {"ps_weight": float(self.ps_weight)}
