@@ -9,7 +9,7 @@ from engine.errors import UserError
 from tests.harness import CONF, compose
 
 REPO = CONF.parent
-GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("recipe", "local", "hydra"))
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("recipe", "table", "local", "hydra"))
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
 RECIPES = sorted(str(p.relative_to(REPO / "recipes").with_suffix("")) for p in (REPO / "recipes").rglob("*.yaml")
                  if "tables" not in p.parts)
