@@ -59,7 +59,7 @@ class DGC(ParamServerAlgorithm):
         for shard in self.shards:
             idx, values = dgc_(shard.of(self.momentum_buf), shard.of(self.accum), shard.of(grad), self.momentum,
                                ctx.lr, shard.sizes, self.density)
-            pushes.append(wire.sparse(idx, values, self.value_dtype, ctx.step))
+            pushes.append(wire.sparse(idx, values, self.value_dtype, ctx.step, self.density))
         return pushes
 
     def worker_state(self) -> dict[str, Any]:

@@ -48,7 +48,7 @@ class DGS(ParamServerAlgorithm):
         for shard in self.shards:
             idx, values = samomentum_(shard.of(self.velocity), shard.of(step), self.momentum, shard.sizes,
                                       self.density)
-            pushes.append(wire.sparse(idx, values, self.value_dtype, ctx.step))
+            pushes.append(wire.sparse(idx, values, self.value_dtype, ctx.step, self.density))
         return pushes
 
     def worker_state(self) -> dict[str, Any]:

@@ -37,7 +37,7 @@ class GradientDropping(ParamServerAlgorithm):
         pushes = []
         for shard in self.shards:
             idx, values = gradient_dropping_(shard.of(self.residual), shard.of(update), shard.sizes, self.cfg.density)
-            pushes.append(wire.sparse(idx, values, self.value_dtype, ctx.step))
+            pushes.append(wire.sparse(idx, values, self.value_dtype, ctx.step, self.cfg.density))
         return pushes
 
     def worker_state(self) -> dict[str, Any]:

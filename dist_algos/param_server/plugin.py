@@ -59,7 +59,7 @@ class SparseConfig(ParamServerConfig):
     """Fields of the plugins that push a per-layer top-k (and may reply sparsely)."""
 
     density: float = 0.01  # fraction of each layer's entries a worker pushes
-    reply_density: Optional[float] = None  # sparse downlink: fraction replied per layer (null: density)
+    reply_density: Optional[float] = None  # sparse downlink: fraction replied per layer (null: the push's)
     resync_period: Optional[int] = None  # sparse downlink: server versions between dense resyncs (null: 150 x workers)
 
 
@@ -148,7 +148,7 @@ class ParamServerAlgorithm(DistAlgorithm):
         if self.role() == Role.SERVER:
             shard = next(s for s in self.shards if s.server == self.ctx.rank)
             state = ServerState(shard, shard.of(self.flat), self.train_ranks(), self.downlink,
-                                getattr(self.cfg, "reply_density", None) or getattr(self.cfg, "density", 1.0),
+                                getattr(self.cfg, "reply_density", None),
                                 self._resync_period(), self.value_dtype)
             self.server = Server(self.ctx.rank, state, channels, self.cfg.serving == "round_robin", self.comm)
             if not info.resuming:  # else after load_state_dict

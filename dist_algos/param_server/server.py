@@ -3,7 +3,8 @@
 `ServerState` is the logic (no transport): apply one push to the global model, count the version,
 measure the pushing worker's staleness, and build that worker's reply, either the dense model
 (`downlink=model`: ASGD and the one-way baselines) or DGS's sparse reply (`downlink=sparse`): the
-per-layer top-k of global - synced - sent_w, where sent_w records what this worker has been sent
+per-layer top-k (`reply_density`, or the push's own density when that is null) of
+global - synced - sent_w, where sent_w records what this worker has been sent
 since the last dense resync, so that the worker's copy is always synced + sent_w. Every
 `resync_period` versions synced := global and each worker's next reply is that model, densely,
 with its record reset.
@@ -41,7 +42,7 @@ class ServerState:
     """One server's shard of the global model and its records of each worker."""
 
     def __init__(self, shard: Shard, initial: torch.Tensor, workers: Sequence[int], downlink: str,
-                 reply_density: float, resync_period: int, value_dtype: torch.dtype) -> None:
+                 reply_density: Optional[float], resync_period: int, value_dtype: torch.dtype) -> None:
         self.shard = shard
         self.workers = list(workers)
         self.downlink = downlink
@@ -83,7 +84,7 @@ class ServerState:
         self.version += 1
         if self.synced is not None and self.version % self.resync_period == 0:
             self._resync()
-        reply = self._reply(i)
+        reply = self._reply(i, self.reply_density or push.density or 1.0)
         reply.version, reply.staleness = self.version, staleness
         self.pushes[i] += 1
         self.staleness_sum[i] += staleness
@@ -98,7 +99,7 @@ class ServerState:
         self.resyncs += 1
         self.resync_version = self.version
 
-    def _reply(self, i: int) -> wire.Message:
+    def _reply(self, i: int, density: float) -> wire.Message:
         if self.synced is None:  # dense downlink: the model itself (float32: it replaces the copy)
             self.synced_version[i] = self.version
             return wire.Message(wire.Kind.MODEL, values=self.global_model.clone())
@@ -107,9 +108,8 @@ class ServerState:
             self.sent[i].zero_()
             self.synced_version[i] = self.resync_version
             return wire.Message(wire.Kind.MODEL, values=self.synced.clone())
-        idx, values = model_difference_topk(self.global_model, self.synced, self.sent[i], self.shard.sizes,
-                                            self.reply_density)
-        reply = wire.sparse(idx, values, self.value_dtype)
+        idx, values = model_difference_topk(self.global_model, self.synced, self.sent[i], self.shard.sizes, density)
+        reply = wire.sparse(idx, values, self.value_dtype, density=density)
         # record what the worker will add, after rounding to the wire's dtype
         self.sent[i].index_add_(0, idx, reply.values.to(self.global_model.dtype))
         self.synced_version[i] = self.version

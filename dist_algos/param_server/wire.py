@@ -3,7 +3,8 @@
 One message is a fixed header followed by its payload tensors, all sent with torch.distributed
 point-to-point calls on a group that holds just the two ends (a server and a worker):
 
-    header   int64[8]: kind, step, count, value dtype code, version, staleness, buffer count, 0
+    header   int64[8]: kind, step, count, value dtype code, version, staleness, buffer count,
+                       density (a sparse push's per-layer density, in parts per billion)
     indices  int32[count]                      (SPARSE only; positions inside the server's shard)
     values   float32 or float16 [count]        (SPARSE, DENSE, MODEL)
     buffers  float32[buffer count]             (a push's BatchNorm statistics, when it carries them)
@@ -30,6 +31,7 @@ import torch.distributed as dist
 
 HEADER_LEN = 8
 HEADER_BYTES = HEADER_LEN * 8
+PPB = 10**9
 #: How long a server waits for a worker's next push: a live worker may be slow (data loading,
 #: an evaluation on the server); a dead one shows as a closed connection at once.
 IDLE_WAIT = datetime.timedelta(days=30)
@@ -55,6 +57,7 @@ class Message:
     buffers: Optional[torch.Tensor] = None  # float32 BatchNorm statistics (pushes to the first server)
     version: int = 0  # the server's version after applying the push (replies)
     staleness: int = 0  # server updates applied between the worker's last reply and this push (replies)
+    density: float = 0.0  # the per-layer density a sparse push was selected with (0: not sparse)
 
     @property
     def count(self) -> int:
@@ -72,13 +75,15 @@ class Message:
     def header(self) -> torch.Tensor:
         code = _DTYPE_CODES[self.values.dtype] if self.values is not None else 0
         nbuf = 0 if self.buffers is None else self.buffers.numel()
-        return torch.tensor([int(self.kind), self.step, self.count, code, self.version, self.staleness, nbuf, 0],
-                            dtype=torch.int64)
+        return torch.tensor([int(self.kind), self.step, self.count, code, self.version, self.staleness, nbuf,
+                             round(self.density * PPB)], dtype=torch.int64)
 
 
-def sparse(indices: torch.Tensor, values: torch.Tensor, value_dtype: torch.dtype, step: int = 0) -> Message:
+def sparse(indices: torch.Tensor, values: torch.Tensor, value_dtype: torch.dtype, step: int = 0,
+           density: float = 0.0) -> Message:
     """A SPARSE message: int32 positions and values rounded to the wire's value dtype."""
-    return Message(Kind.SPARSE, step=step, indices=indices.to(torch.int32), values=values.to(value_dtype))
+    return Message(Kind.SPARSE, step=step, indices=indices.to(torch.int32), values=values.to(value_dtype),
+                   density=density)
 
 
 def dense(values: torch.Tensor, value_dtype: torch.dtype, step: int = 0) -> Message:
@@ -122,12 +127,12 @@ class Channel:
             work.wait()
         else:
             work.wait(timeout=timeout)
-        kind_code, step, count, code, version, staleness, nbuf, _ = header.tolist()
+        kind_code, step, count, code, version, staleness, nbuf, density_ppb = header.tolist()
         try:
             kind = Kind(kind_code)
         except ValueError:
             raise ProtocolError(f"unknown message kind {kind_code} from rank {self.peer}") from None
-        msg = Message(kind, step=step, version=version, staleness=staleness)
+        msg = Message(kind, step=step, version=version, staleness=staleness, density=density_ppb / PPB)
         if kind == Kind.BYE:
             return msg
         if code not in _CODE_DTYPES or count < 0 or count > shard_numel or \
