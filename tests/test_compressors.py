@@ -36,10 +36,20 @@ def test_topk_per_layer_picks_each_layers_largest() -> None:
     # a tiny density still sends one entry per layer, the largest
     assert topk_per_layer(x, SIZES, 0.01).tolist() == [1, 7]
     assert layer_k([3, 1000, 50], 0.01) == [1, 10, 1]
+    # zeros are never selected (sending one changes nothing), also on the sampled path
+    assert topk_per_layer(torch.tensor([0.0, 0.0, -3.0, 0.0]), [4], 0.5).tolist() == [2]
+    big = torch.zeros(100_000)
+    big[[5, 70_000]] = torch.tensor([1.0, -2.0])
+    assert topk_per_layer(big, [100_000], 0.01).tolist() == [5, 70_000]
     gen = torch.Generator().manual_seed(0)
     y = torch.randn(300, generator=gen)
     sizes = [17, 200, 83]
     assert set(topk_per_layer(y, sizes, 0.1).tolist()) == reference_topk(y, sizes, 0.1)
+    # large layers take the sampled-threshold path; still exactly the top k
+    z = torch.randn(300_000, generator=gen) * torch.linspace(0.1, 3, 300_000)
+    assert torch.equal(topk_per_layer(z, [200_000, 100_000], 0.01),
+                       torch.cat([torch.topk(z[:200_000].abs(), 2000).indices.sort().values,
+                                  torch.topk(z[200_000:].abs(), 1000).indices.sort().values + 200_000]))
     with pytest.raises(ValueError):
         topk_per_layer(y, [10, 10], 0.1)
 

@@ -111,7 +111,7 @@ class Channel:
         """Start sending `msg`; returns the pending works (keep `msg` alive until they finish)."""
         works = [dist.isend(msg.header(), dst=self.peer, group=self.control_group)]
         for t in (msg.indices, msg.values, msg.buffers):
-            if t is not None:
+            if t is not None and t.numel():
                 works.append(dist.isend(t.contiguous(), dst=self.peer, group=self.data_group))
         return works
 
@@ -148,5 +148,6 @@ class Channel:
 
     def _recv_tensor(self, count: int, dtype: torch.dtype) -> torch.Tensor:
         t = torch.empty(count, dtype=dtype, device=self.device)
-        dist.recv(t, src=self.peer, group=self.data_group)
+        if count:  # empty tensors are not sent (a reply with nothing left to send)
+            dist.recv(t, src=self.peer, group=self.data_group)
         return t
