@@ -291,6 +291,10 @@ class ParamServerAlgorithm(DistAlgorithm):
     def finalize(self, model: nn.Module) -> None:
         if self.server is not None:
             self.server.join()
+            stats = self.server.state.worker_stats()
+            log.info("parameter server rank %d: %d versions, %d resyncs; staleness mean/max per worker: %s",
+                     self.ctx.rank, self.server.state.version, self.server.state.resyncs,
+                     ", ".join(f"rank {r['rank']} {r['staleness_mean']:.2f}/{r['staleness_max']}" for r in stats))
             if self.server.dropped:
                 names = ", ".join(f"rank {w} ({why})" for w, why in sorted(self.server.dropped.items()))
                 log.warning("parameter server rank %d finished without worker(s) %s", self.ctx.rank, names)

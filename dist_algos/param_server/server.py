@@ -229,6 +229,8 @@ class Server:
 
     def _serve(self, worker: int) -> None:
         channel = self.channels[worker]
+        if channel.device.type == "cuda":  # the current device is per thread; NCCL ops use it
+            torch.cuda.set_device(channel.device)
         try:
             while True:
                 push = channel.recv(self.state.shard.numel, timeout=wire.IDLE_WAIT)
