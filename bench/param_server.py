@@ -76,7 +76,8 @@ def bench_rank(rank: int, world: int, algos: list[str], model_name: str, steps: 
         plugin.finalize(model)
         if plugin.server is not None:
             after = plugin.comm.as_metrics()
-            moved = after["comm_bytes"] + after["comm_recv_bytes"] - bytes_before["comm_bytes"] - bytes_before["comm_recv_bytes"]
+            moved = (after["comm_bytes"] + after["comm_recv_bytes"]
+                     - bytes_before["comm_bytes"] - bytes_before["comm_recv_bytes"])
             updates = steps * (world - 1)
             out[algo] = {"updates_per_s": updates / float(elapsed[0]), "bytes_per_update": moved / updates,
                          "seconds": float(elapsed[0]), "updates": updates,
@@ -102,7 +103,8 @@ def main() -> None:
     res = per_rank[0]
     print(f"parameter server, {args.workers} workers on loopback, {args.model} "
           f"({res['asgd']['params']:,} parameters), density {args.density}, {args.steps} steps per worker")
-    header = f"{'algo':6} {'updates/s':>10} {'bytes/update':>14} {'MB/s moved':>11} {'1 Gbps cap/s':>13} {'10 Gbps cap/s':>14}"
+    header = (f"{'algo':6} {'updates/s':>10} {'bytes/update':>14} {'MB/s moved':>11} {'1 Gbps cap/s':>13} "
+              f"{'10 Gbps cap/s':>14}")
     print(header)
     print("-" * len(header))
     for algo in algos:

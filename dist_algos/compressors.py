@@ -2,9 +2,9 @@
 
 A flat vector holds a model's layers back to back; `sizes` lists their lengths. Every rule here
 selects, per layer, the k = max(1, int(density x n)) entries of largest magnitude of a layer of
-n entries, leaving out entries that are zero (per layer, as the DGS reference and DGC do, so that small layers such as biases are
-never starved by large ones), and keeps what it did not send in a memory tensor, so that nothing
-is lost, only delayed. The memory tensors are updated in place; each function returns the
+n entries, leaving out entries that are zero (per layer, as the DGS reference and DGC do, so that
+small layers such as biases are never starved by large ones), and keeps what it did not send in a
+memory tensor, so that nothing is lost, only delayed. The memory tensors are updated in place; each function returns the
 selected flat indices (int64, layer by layer, ascending inside a layer) and the values to send.
 
 - gradient dropping (Aji and Heafield 2017): r += update; send top-k(r); r -= sent.
@@ -14,7 +14,6 @@ selected flat indices (int64, layer by layer, ascending inside a layer) and the 
 - SAMomentum (DGS, Yan et al. 2020): u = m u + step; send top-k(u); entries not sent are divided
   by m so that the next multiplication by m restores them (an un-decayed residual), sent entries
   keep their momentum.
-- the DGS server's reply: top-k of (global - synced - already sent to this worker).
 
 Ties are broken by `torch.topk` (k entries are sent whenever a layer has k that are not zero),
 where the reference code's threshold `|x| > kth value` sends fewer than k when values tie.
@@ -117,15 +116,6 @@ def samomentum_(velocity: torch.Tensor, step: torch.Tensor, momentum: float, siz
     velocity.div_(momentum)
     velocity[idx] = values
     return idx, values
-
-
-def model_difference_topk(global_model: torch.Tensor, synced: torch.Tensor, sent: torch.Tensor,
-                          sizes: Sequence[int], density: float) -> Selection:
-    """The DGS server's reply to one worker: top-k per layer of what the worker is missing,
-    global - synced - sent (the worker holds synced + sent)."""
-    missing = global_model - synced - sent
-    idx = topk_per_layer(missing, sizes, density)
-    return idx, missing[idx]
 
 
 def clip_by_norm_(grad: torch.Tensor, max_norm: float) -> float:

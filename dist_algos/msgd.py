@@ -26,7 +26,8 @@ class MSGD(DistAlgorithm):
     @classmethod
     def validate(cls, cfg: MSGDConfig, world_size: int, local_size: int) -> None:
         if world_size != 1:
-            raise UserError(f"algo=msgd is the single-node momentum SGD baseline: set launch.nproc=1 (not {world_size})")
+            raise UserError(f"algo=msgd is the single-node momentum SGD baseline: set launch.nproc=1 "
+                            f"(not {world_size})")
 
     def step(self, ctx: StepContext) -> None:
         ctx.optimizer_step()

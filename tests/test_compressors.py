@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dist_algos.compressors import (clip_by_norm_, dgc_, dgc_warmup_density, gradient_dropping_, layer_k,
-                                    model_difference_topk, samomentum_, topk_per_layer)
+from dist_algos.compressors import (clip_by_norm_, dgc_, dgc_warmup_density, gradient_dropping_, layer_k, samomentum_,
+                                    topk_per_layer)
 from dist_algos.param_server import wire
 from dist_algos.param_server.layout import partition
 from engine.errors import UserError
@@ -132,15 +132,6 @@ def test_samomentum_residual_is_undecayed_and_sent_entries_keep_momentum() -> No
     assert u[0] == pytest.approx(m * 8 + 4) and values.item() == pytest.approx(m * 8 + 4)
     with pytest.raises(ValueError):
         samomentum_(u, steps[0], 0.0, [4], 0.25)
-
-
-def test_server_reply_is_topk_of_what_the_worker_misses() -> None:
-    gen = torch.Generator().manual_seed(4)
-    glob, synced, sent = (torch.randn(10, generator=gen) for _ in range(3))
-    idx, values = model_difference_topk(glob, synced, sent, SIZES, 0.3)
-    missing = glob - synced - sent
-    assert set(idx.tolist()) == reference_topk(missing, SIZES, 0.3)
-    assert torch.equal(values, missing[idx])
 
 
 def test_dgc_warmup_and_clipping() -> None:

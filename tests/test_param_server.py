@@ -98,8 +98,8 @@ def run_variant(rank: int, world: int, algo: str, overrides: dict[str, Any], ste
         if plugin.server is not None:
             state = plugin.server.state
             out["global"] = flat_params(plugin.eval_model(model))
-            if state.synced is not None:  # what each worker holds according to the server
-                out["held"] = {w: (state.synced + state.sent[i]).clone() for i, w in enumerate(state.workers)}
+            if state.synced is not None:  # what each worker holds by the server's records
+                out["held"] = {w: state.held(w) for w in state.workers}
                 out["shard"] = (state.shard.start, state.shard.end)
     finally:
         ServerState.apply = original_apply

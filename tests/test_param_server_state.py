@@ -35,17 +35,25 @@ def test_versions_staleness_and_what_each_worker_holds() -> None:
     for w, want in zip(order, expected_staleness):
         update = torch.randn(N, generator=gen) * (torch.rand(N, generator=gen) < 0.4)
         before = state.global_model.clone()
-        i = state.workers.index(w)
-        missing = before - update - state.synced - state.sent[i]
-        nonzero = [int(torch.count_nonzero(part)) for part in missing.split(SIZES)]
+        missing = before - update - held[w]  # what w lacks once its push is applied
         reply = state.apply(w, push(update, 0.5))
         assert torch.allclose(state.global_model, before - update)
         assert reply.staleness == want and reply.version == state.version
-        # the push's density, per layer, leaving out what the worker has already
+        # the per-layer top-k of what w lacks, at the push's density, zeros left out
         assert reply.kind == wire.Kind.SPARSE
-        assert reply.count == sum(min(k, nz) for k, nz in zip(layer_k(SIZES, 0.5), nonzero))
-        held[w][reply.indices.long()] += reply.values
-        assert torch.allclose(held[w], state.synced + state.sent[i])
+        idx = reply.indices.long()
+        assert torch.allclose(reply.values, missing[idx])
+        chosen = torch.zeros(N, dtype=torch.bool)
+        chosen[idx] = True
+        offset = 0
+        for n, k in zip(SIZES, layer_k(SIZES, 0.5)):
+            layer, picked = missing[offset:offset + n].abs(), chosen[offset:offset + n]
+            assert int(picked.sum()) == min(k, int(torch.count_nonzero(layer)))
+            if picked.any() and not picked.all():
+                assert layer[picked].min() >= layer[~picked].max()
+            offset += n
+        held[w][idx] += reply.values
+        assert torch.allclose(held[w], state.held(w))
     assert state.version == len(order)
     assert [s["pushes"] for s in state.worker_stats()] == [4, 3]
     assert [s["staleness_max"] for s in state.worker_stats()] == [2, 2]
@@ -58,7 +66,9 @@ def test_fixed_reply_density_resync_and_dense_downlink() -> None:
     assert replies[0].count == sum(layer_k(SIZES, 0.25))
     # version 3 resynced: worker 1 (version 3) and then worker 2 (version 4) get the synced model once
     assert state.resyncs == 1 and torch.equal(replies[3].values, state.synced)
-    assert all(torch.count_nonzero(s) == 0 for s in state.sent)
+    # both copies are now the synced model (version 3), so worker 2 still misses its own push
+    assert torch.equal(state.held(1), state.synced) and torch.equal(state.held(2), state.synced)
+    assert torch.equal(state.global_model - state.synced, torch.full((N,), -1.0))
     assert state.apply(1, push(torch.ones(N), 1.0)).kind == wire.Kind.SPARSE
     dense = make_state(downlink="model")
     reply = dense.apply(2, wire.dense(torch.ones(N), torch.float32))
@@ -74,7 +84,7 @@ def test_state_round_trip() -> None:
     saved = state.state_dict()
     copy = make_state(resync_period=2)
     copy.load_state_dict(saved)
-    assert torch.equal(copy.global_model, state.global_model) and torch.equal(copy.sent[1], state.sent[1])
+    assert torch.equal(copy.global_model, state.global_model) and torch.equal(copy.missing[1], state.missing[1])
     assert copy.worker_stats() == state.worker_stats() and copy.version == 5 and copy.resyncs == 2
     a, b = state.apply(2, push(torch.ones(N), 0.3)), copy.apply(2, push(torch.ones(N), 0.3))
     assert torch.equal(a.values, b.values) and a.staleness == b.staleness
@@ -91,7 +101,8 @@ def test_round_robin_turns_serve_in_rank_order_and_skip_leavers() -> None:
                 served.append(w)
         turns.leave(w)
 
-    threads = [threading.Thread(target=worker, args=(w, n, d)) for w, n, d in ((3, 3, 0.0), (1, 3, 0.01), (2, 1, 0.002))]
+    plan = ((3, 3, 0.0), (1, 3, 0.01), (2, 1, 0.002))  # (rank, pushes, delay before each)
+    threads = [threading.Thread(target=worker, args=args) for args in plan]
     for t in threads:
         t.start()
     for t in threads:

@@ -3,11 +3,13 @@
 `ServerState` is the logic (no transport): apply one push to the global model, count the version,
 measure the pushing worker's staleness, and build that worker's reply, either the dense model
 (`downlink=model`: ASGD and the one-way baselines) or DGS's sparse reply (`downlink=sparse`): the
-per-layer top-k (`reply_density`, or the push's own density when that is null) of
-global - synced - sent_w, where sent_w records what this worker has been sent
-since the last dense resync, so that the worker's copy is always synced + sent_w. Every
+per-layer top-k (`reply_density`, or the push's own density when that is null) of what that
+worker is missing, global - synced - sent_w in the paper's terms (sent_w: what it has been sent
+since the last dense resync; its copy is synced + sent_w). The server keeps that difference
+itself, missing_w, updated sparsely (each push is subtracted from every worker's missing_w,
+each reply from its own), so a reply costs a top-k, not three passes over the model. Every
 `resync_period` versions synced := global and each worker's next reply is that model, densely,
-with its record reset.
+with missing_w restarted from it.
 
 `Server` runs one thread per worker, each blocked on that worker's channel, so pushes are received
 concurrently and applied as they arrive, one at a time under one lock (`Turns`); in the
@@ -30,7 +32,7 @@ from typing import Any, Optional
 import torch
 
 from dist_algos.comm import CommStats
-from dist_algos.compressors import model_difference_topk
+from dist_algos.compressors import topk_per_layer
 from dist_algos.param_server import wire
 from dist_algos.param_server.layout import Shard
 from engine.errors import UserError
@@ -56,8 +58,9 @@ class ServerState:
         self.resync_version = 0
         sparse = downlink == "sparse"
         self.synced: Optional[torch.Tensor] = self.global_model.clone() if sparse else None
-        self.sent: list[Optional[torch.Tensor]] = [torch.zeros_like(self.global_model) if sparse else None
-                                                   for _ in range(n)]
+        # global minus each worker's copy (its copy: synced + what it has been sent since)
+        self.missing: list[Optional[torch.Tensor]] = [torch.zeros_like(self.global_model) if sparse else None
+                                                      for _ in range(n)]
         self.needs_full = [False] * n
         self.synced_version = [0] * n  # the version each worker's copy reflects
         self.pushes = [0] * n
@@ -74,9 +77,14 @@ class ServerState:
         staleness = self.version - self.synced_version[i]
         values = push.values.to(self.global_model.dtype)
         if push.kind == wire.Kind.DENSE:
-            self.global_model.sub_(values)
+            for target in [self.global_model, *self.missing]:
+                if target is not None:
+                    target.sub_(values)
         elif push.kind == wire.Kind.SPARSE:
-            self.global_model.index_add_(0, push.indices.long(), values, alpha=-1)
+            idx = push.indices.long()
+            for target in [self.global_model, *self.missing]:
+                if target is not None:
+                    target.index_add_(0, idx, values, alpha=-1)
         else:
             raise wire.ProtocolError(f"worker rank {worker} pushed a {push.kind.name} message")
         if push.buffers is not None:
@@ -105,15 +113,19 @@ class ServerState:
             return wire.Message(wire.Kind.MODEL, values=self.global_model.clone())
         if self.needs_full[i]:
             self.needs_full[i] = False
-            self.sent[i].zero_()
+            torch.sub(self.global_model, self.synced, out=self.missing[i])
             self.synced_version[i] = self.resync_version
             return wire.Message(wire.Kind.MODEL, values=self.synced.clone())
-        idx, values = model_difference_topk(self.global_model, self.synced, self.sent[i], self.shard.sizes, density)
-        reply = wire.sparse(idx, values, self.value_dtype, density=density)
-        # record what the worker will add, after rounding to the wire's dtype
-        self.sent[i].index_add_(0, idx, reply.values.to(self.global_model.dtype))
+        idx = topk_per_layer(self.missing[i], self.shard.sizes, density)
+        reply = wire.sparse(idx, self.missing[i][idx], self.value_dtype, density=density)
+        # what the worker will add, after rounding to the wire's dtype, it no longer misses
+        self.missing[i].index_add_(0, idx, reply.values.to(self.global_model.dtype), alpha=-1)
         self.synced_version[i] = self.version
         return reply
+
+    def held(self, worker: int) -> torch.Tensor:
+        """What a worker's copy of this shard is, by the server's records (sparse downlink)."""
+        return self.global_model - self.missing[self.workers.index(worker)]
 
     # ---- evaluation ---------------------------------------------------------------------------
     def mean_buffers(self) -> Optional[torch.Tensor]:
@@ -136,7 +148,7 @@ class ServerState:
 
         return {"version": self.version, "resyncs": self.resyncs, "resync_version": self.resync_version,
                 "global_model": copy(self.global_model), "synced": copy(self.synced),
-                "sent": [copy(t) for t in self.sent], "needs_full": list(self.needs_full),
+                "missing": [copy(t) for t in self.missing], "needs_full": list(self.needs_full),
                 "synced_version": list(self.synced_version), "pushes": list(self.pushes),
                 "staleness_sum": list(self.staleness_sum), "staleness_max": list(self.staleness_max),
                 "bytes_in": list(self.bytes_in), "bytes_out": list(self.bytes_out),
@@ -151,7 +163,7 @@ class ServerState:
         self.global_model.copy_(state["global_model"])
         if self.synced is not None:
             self.synced.copy_(state["synced"])
-            for mine, saved in zip(self.sent, state["sent"]):
+            for mine, saved in zip(self.missing, state["missing"]):
                 mine.copy_(saved)
         for key in ("version", "resyncs", "resync_version"):
             setattr(self, key, int(state[key]))
