@@ -187,7 +187,8 @@ def check_delayed(results: list[list[dict[str, Any]]], index: int, workers: list
 def test_two_workers_with_delays_and_two_servers() -> None:
     cases = [delayed(a, {}, seed) for seed, a in enumerate(("asgd", "gradient_dropping", "dgc", "dgs"))]
     cases += [delayed("dgs", {"serving": "round_robin", "resync_period": 5}, 7),
-              delayed("dgs", {"serving": "round_robin", "resync_period": 5}, 8)]
+              delayed("dgs", {"serving": "round_robin", "resync_period": 5}, 8),
+              delayed("dgs", {"value_dtype": "float16"}, 9)]
     two_servers = [("asgd", {"servers": 2}, 0.0), ("dgs", {"servers": 2, "density": 1.0}, 0.9)]
     # world 3: one server + two workers for the delay cases, two servers + one worker after them
     results = run_ranks(drive, 3, cases + [{"algo": a, "overrides": o, "momentum": m} for a, o, m in two_servers])
@@ -196,6 +197,12 @@ def test_two_workers_with_delays_and_two_servers() -> None:
     # round_robin: same global model whatever the delays
     assert torch.equal(results[0][4]["global"], results[0][5]["global"])
     assert results[0][4]["summary"]["resyncs"] == 24 // 5
+    # float16 values: 2 bytes per pushed value instead of 4, the rest of the message unchanged
+    from dist_algos.compressors import layer_k
+
+    per_push = sum(layer_k([p.numel() for p in make_model(batch_norm=True).parameters()], 0.01))
+    fp16, fp32 = results[1][6]["comm"], results[1][3]["comm"]
+    assert fp32["comm_bytes"] - fp16["comm_bytes"] == 12 * per_push * 2
     tail = [[r for r in per_rank[len(cases):]] for per_rank in results]
     check_equivalent(tail, two_servers, servers=2)
 
