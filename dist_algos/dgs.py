@@ -21,7 +21,6 @@ from dist_algos.base import StepContext
 from dist_algos.compressors import samomentum_
 from dist_algos.param_server import wire
 from dist_algos.param_server.plugin import ParamServerAlgorithm, SparseConfig
-from engine.errors import UserError
 
 
 @dataclass
@@ -34,10 +33,9 @@ class DGSConfig(SparseConfig):
 class DGS(ParamServerAlgorithm):
     Config = DGSConfig
     fixed_downlink = "sparse"
+    momentum_required = "SAMomentum divides the unsent residual by it"
 
     def setup_worker(self) -> None:
-        if self.momentum <= 0:
-            raise UserError("algo=dgs needs optim.momentum > 0 (SAMomentum divides the unsent residual by it)")
         self.velocity = torch.zeros_like(self.flat)
         self.density = self.cfg.density
 

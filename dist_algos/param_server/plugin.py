@@ -75,6 +75,8 @@ class ParamServerAlgorithm(DistAlgorithm):
                             "round_robin applies the workers' pushes in a fixed rank order")
     #: "model" or "sparse" for plugins whose downlink is part of the method; None: `algo.downlink`.
     fixed_downlink: ClassVar[Optional[str]] = None
+    #: Why the method needs optim.momentum > 0 (checked on every rank at set-up), or "".
+    momentum_required: ClassVar[str] = ""
 
     # ---- validation ---------------------------------------------------------------------------
     @classmethod
@@ -173,6 +175,8 @@ class ParamServerAlgorithm(DistAlgorithm):
             raise UserError(f"algo={self.cfg.name} needs one weight decay and momentum for all parameters")
         if groups[0]["nesterov"]:
             raise UserError(f"algo={self.cfg.name} has no Nesterov variant: set optim.nesterov=false")
+        if self.momentum_required and groups[0]["momentum"] <= 0:
+            raise UserError(f"algo={self.cfg.name} needs optim.momentum > 0 ({self.momentum_required})")
         # The trainer's scheduler still sets the LR these plugins read, but the optimizer itself is
         # never stepped: tell LambdaLR so, or it warns that the schedule skips its first value.
         optimizer._opt_called = True  # type: ignore[attr-defined]
