@@ -9,7 +9,8 @@ since the last dense resync; its copy is synced + sent_w). The server keeps that
 itself, missing_w, updated sparsely (each push is subtracted from every worker's missing_w,
 each reply from its own), so a reply costs a top-k, not three passes over the model. Every
 `resync_period` versions synced := global and each worker's next reply is that model, densely,
-with missing_w restarted from it.
+with missing_w restarted from it. The server has no optimizer state of its own: pushes are
+already updates (lr, momentum and weight decay applied on the worker), as in the reference code.
 
 `Server` runs one thread per worker, each blocked on that worker's channel, so pushes are received
 concurrently and applied as they arrive, one at a time under one lock (`Turns`); in the
