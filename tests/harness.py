@@ -61,8 +61,11 @@ def _context() -> Any:
     global _CTX
     if _CTX is None:
         _CTX = mp.get_context("forkserver")
-        _CTX.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "tests.harness", "tests.plugin_harness",
-                                     "engine.trainer", "dist_algos", "data.digits", "sklearn.datasets"])
+        # torch._dynamo: every optimizer's constructor imports it on first use (10-20 s per rank
+        # on a loaded machine, paid again in every run_ranks call unless the server holds it)
+        _CTX.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "tests.harness",
+                                     "tests.plugin_harness", "engine.trainer", "dist_algos", "data.digits",
+                                     "sklearn.datasets"])
     return _CTX
 
 

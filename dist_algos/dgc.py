@@ -1,0 +1,79 @@
+"""Deep Gradient Compression (Lin et al. 2018) through an asynchronous parameter server.
+
+Per step a worker clips its gradient locally (`clip_norm` x workers^-1/2, when set), adds weight
+decay, applies momentum correction (u = m u + g; v += u), pushes lr x the top `density` of each
+layer of v, and masks the momentum factor (u and v cleared where sent). During the first
+`warmup_epochs` epochs the density warms up exponentially (0.25, 0.0625, 0.0156, ... never below
+`density`), DGC's schedule and the reference code's list. The learning rate multiplies the values
+when they are sent, as in the reference code. The reply is DGS's sparse one by default
+(`downlink=sparse`, as the reference code runs this baseline), or the whole model (`model`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from dist_algos import register_algorithm
+from dist_algos.base import StepContext
+from dist_algos.compressors import clip_by_norm_, dgc_, dgc_warmup_density
+from dist_algos.param_server import wire
+from dist_algos.param_server.plugin import ParamServerAlgorithm, SparseConfig
+from engine.errors import UserError
+
+
+@dataclass
+class DGCConfig(SparseConfig):
+    name: str = "dgc"
+    downlink: str = "sparse"  # sparse: DGS's top-k reply | model: the whole model
+    warmup_epochs: int = 4  # epochs of exponentially decreasing density (0: none)
+    clip_norm: Optional[float] = None  # local gradient clipping at clip_norm / sqrt(workers) (null: off)
+
+
+@register_algorithm("dgc")
+class DGC(ParamServerAlgorithm):
+    Config = DGCConfig
+
+    @classmethod
+    def validate(cls, cfg: DGCConfig, world_size: int, local_size: int) -> None:
+        super().validate(cfg, world_size, local_size)
+        if cfg.warmup_epochs < 0:
+            raise UserError(f"algo.warmup_epochs={cfg.warmup_epochs} must be at least 0")
+        if cfg.clip_norm is not None and cfg.clip_norm <= 0:
+            raise UserError(f"algo.clip_norm={cfg.clip_norm} must be positive (or null: no clipping)")
+
+    def setup_worker(self) -> None:
+        self.momentum_buf = torch.zeros_like(self.flat)
+        self.accum = torch.zeros_like(self.flat)
+        self.density = self.cfg.density
+
+    def make_pushes(self, ctx: StepContext) -> list[wire.Message]:
+        grad = self.grad.clone()
+        if self.cfg.clip_norm is not None:
+            clip_by_norm_(grad, self.cfg.clip_norm / math.sqrt(len(self.train_ranks())))
+        grad.add_(self.flat, alpha=self.weight_decay)
+        self.density = dgc_warmup_density(self.cfg.density, ctx.epoch, self.cfg.warmup_epochs)
+        pushes = []
+        for shard in self.shards:
+            idx, values = dgc_(shard.of(self.momentum_buf), shard.of(self.accum), shard.of(grad), self.momentum,
+                               ctx.lr, shard.sizes, self.density)
+            pushes.append(wire.sparse(idx, values, self.value_dtype, ctx.step, self.density))
+        return pushes
+
+    def worker_state(self) -> dict[str, Any]:
+        return {"momentum_buf": self.momentum_buf.clone(), "accum": self.accum.clone()}
+
+    def load_worker_state(self, state: dict[str, Any]) -> None:
+        self.momentum_buf.copy_(state["momentum_buf"])
+        self.accum.copy_(state["accum"])
+
+    def metrics(self) -> dict[str, float]:
+        out = super().metrics()
+        if self.server is None:
+            out["density"] = self.density
+        return out
+
+    def plot_keys(self) -> list[str]:
+        return ["staleness", "density"]

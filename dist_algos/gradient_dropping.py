@@ -1,0 +1,47 @@
+"""Gradient dropping (Aji and Heafield 2017) through an asynchronous parameter server.
+
+A worker adds lr x (g + wd w) to its residual, pushes the top `density` of each layer by magnitude
+and keeps the rest in the residual for later steps. No momentum (as in the reference code's
+`aji` mode); `optim.momentum` is unused. The reply is DGS's sparse one by default
+(`downlink=sparse`, as the reference code runs this baseline), or the whole model (`model`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dist_algos import register_algorithm
+from dist_algos.base import StepContext
+from dist_algos.compressors import gradient_dropping_
+from dist_algos.param_server import wire
+from dist_algos.param_server.plugin import ParamServerAlgorithm, SparseConfig
+
+
+@dataclass
+class GradientDroppingConfig(SparseConfig):
+    name: str = "gradient_dropping"
+    downlink: str = "sparse"  # sparse: DGS's top-k reply | model: the whole model
+
+
+@register_algorithm("gradient_dropping")
+class GradientDropping(ParamServerAlgorithm):
+    Config = GradientDroppingConfig
+
+    def setup_worker(self) -> None:
+        self.residual = torch.zeros_like(self.flat)
+
+    def make_pushes(self, ctx: StepContext) -> list[wire.Message]:
+        update = self.grad.add(self.flat, alpha=self.weight_decay).mul_(ctx.lr)
+        pushes = []
+        for shard in self.shards:
+            idx, values = gradient_dropping_(shard.of(self.residual), shard.of(update), shard.sizes, self.cfg.density)
+            pushes.append(wire.sparse(idx, values, self.value_dtype, ctx.step, self.cfg.density))
+        return pushes
+
+    def worker_state(self) -> dict[str, Any]:
+        return {"residual": self.residual.clone()}
+
+    def load_worker_state(self, state: dict[str, Any]) -> None:
+        self.residual.copy_(state["residual"])
