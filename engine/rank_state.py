@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch.distributed as dist
 
@@ -22,11 +22,13 @@ log = logging.getLogger("syncopt")
 
 
 def save_checkpoint(run_dir: Path, step: int, epoch: int, rank: int, world_size: int, algo: str,
-                    fixed: dict[str, Any], state: dict[str, Any], extra: dict[str, Any],
+                    fixed: dict[str, Any], state: Callable[[], dict[str, Any]], extra: dict[str, Any],
                     keep_last: int, keep_best: bool) -> Path:
+    """`state()` is called after the opening barrier: by then every rank has finished the step
+    (a server's serving thread is idle), and nobody moves on before the closing barrier."""
     dist.barrier()
     path = ckpt.step_dir(run_dir, step)
-    digest = ckpt.write_rank_file(path / f"rank_{rank}.pt", ckpt.serialize(state))
+    digest = ckpt.write_rank_file(path / f"rank_{rank}.pt", ckpt.serialize(state()))
     digests: list[Any] = [None] * world_size
     dist.all_gather_object(digests, (rank, digest))
     if rank == 0:

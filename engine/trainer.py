@@ -174,10 +174,9 @@ class Trainer:
     def save(self, reason: str) -> Path:
         if getattr(self, "_saved_step", None) == self.step:
             return ckpt.step_dir(self.run_dir, self.step)
-        self._quiesce()
         extra = {"reason": reason, "total_steps": self.total_steps, "best": self.best}
         path = save_checkpoint(self.run_dir, self.step, self.epoch, self.ctx.rank, self.ctx.world_size,
-                               self.cfg.algo.name, self.fixed, self.rank_state(), extra,
+                               self.cfg.algo.name, self.fixed, self.rank_state, extra,
                                self.cfg.checkpoint.keep_last, self.cfg.checkpoint.keep_best)
         self._saved_step = self.step
         return path
@@ -317,13 +316,11 @@ class Trainer:
             self._evaluate()
 
     def _quiesce(self) -> None:
-        """On runs with serving ranks, wait until every worker has finished the current step.
-
-        A server rank runs no steps, so its main thread reaches an evaluation or a checkpoint
-        while workers are still pushing updates of that step; its state (the global model) is
-        the state of this step only once they are all here. Nobody pushes again until the
-        evaluation's all_reduce or the checkpoint's closing barrier, so the server's
-        `eval_model` and `state_dict` see a still model."""
+        """On runs with serving ranks, wait until every worker has finished the current step
+        before evaluating: a server rank runs no steps, so its main thread would otherwise
+        evaluate a global model that workers are still updating. Nobody pushes again before the
+        evaluation's all_reduce. (Checkpoints get the same guarantee from save_checkpoint's
+        opening barrier.)"""
         if self.n_train < self.ctx.world_size:
             dist.barrier()
 
