@@ -78,31 +78,16 @@ def omp_threads(cfg: LaunchConfig, ranks_here: Optional[int] = None, cpus: Optio
     return max(1, (cpus or cores()) // (ranks_here or cfg.nproc or 1))
 
 
-def visible_gpus() -> list[str]:
-    """The GPU ids in CUDA_VISIBLE_DEVICES on a GPU machine (empty: unset, UUIDs, or no GPU)."""
-    ids = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-    if not ids or not all(v.isdigit() for v in ids):
-        return []
-    import torch
-
-    return ids if torch.cuda.is_available() else []
-
-
 def launcher_command(cfg: LaunchConfig, port: int, script_args: list[str]) -> list[str]:
     """The single-machine command (launch.nproc ranks on localhost)."""
     script = str(REPO / "cli.py")
     if cfg.launcher == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={cfg.nproc}",
                 f"--master_addr={cfg.master_addr}", f"--master_port={port}", script, *script_args]
-    # DeepSpeed drops CUDA_VISIBLE_DEVICES when --num_gpus is given and takes GPUs 0..n-1; name
-    # the visible ones instead, so that a rank per GPU means the GPUs this shell was given.
-    gpus = visible_gpus()
-    devices = ["--include", "localhost:" + ",".join(gpus[:cfg.nproc])] if len(gpus) >= cfg.nproc \
-        else ["--num_gpus", str(cfg.nproc)]
     return [sys.executable, "-u", "-m", "deepspeed.launcher.runner", "--no_local_rank",
             "--log_level", cfg.log_level,
             "--master_addr", cfg.master_addr, "--master_port", str(port),
-            *devices, script, *script_args]
+            "--num_gpus", str(cfg.nproc), script, *script_args]
 
 
 def multi_node_command(cfg: LaunchConfig, master_addr: str, port: int, script_args: list[str]) -> list[str]:
