@@ -322,7 +322,7 @@ def run_launcher(cmd: list[str], env: dict[str, str], run_dir: Path, watch: Opti
 
 @dataclass
 class _Plan:
-    """What a launch needs beyond the config: where rank 0 listens, and who this process watches."""
+    """One launch: the launcher command, its environment, and the watch over the ranks it owns."""
 
     cmd: list[str]
     env: dict[str, str]

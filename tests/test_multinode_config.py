@@ -16,7 +16,7 @@ import pytest
 from engine.errors import UserError
 from engine.hostfile import node_plan, read_hostfile, select_hosts
 from engine.launch import RankWatch, _no_ssh_plan, _wait_for_node0, multi_node_command, run_launcher
-from engine.launch_config import LaunchConfig, load_launch_config
+from engine.launch_config import load_launch_config
 from engine.remote import exported_env, probe_hosts, write_deepspeed_env
 
 pytestmark = pytest.mark.multinode
