@@ -313,7 +313,7 @@ def run_launcher(cmd: list[str], env: dict[str, str], run_dir: Path, watch: Opti
     code = proc.returncode
     if code not in (0, USER_ERROR_EXIT):
         print(f"syncopt: error: {watch.failure_report(code)}", file=sys.stderr, flush=True)
-    if manager is not None and manager[0] in received:
+    if manager is not None and manager[0] in received and code == 0:
         manager[1](manager[0], None)  # submitit: save the submission and requeue (exits)
     return code
 
