@@ -29,15 +29,16 @@ def preflight(cfg: DictConfig, run_dir: Path) -> object:
     from dist_algos import get_algorithm
     from engine import checkpoint as ckpt
     from engine.config import load_run_config
+    from engine.launch_config import launch_shape
     from engine.trainer import resume_fixed
 
     run_cfg = load_run_config(cfg.copy(), str(run_dir))
-    world = run_cfg.launch.nproc if run_cfg.launch.launcher != "none" else 1
+    world, per_node = launch_shape(run_cfg.launch)
     if run_cfg.launch.launcher == "none" and run_cfg.launch.nproc != 1:
         raise UserError(f"launch.launcher=none trains in this one process; set launch.nproc=1 "
                         f"(not {run_cfg.launch.nproc}) or pick launch.launcher=deepspeed")
     algo = get_algorithm(run_cfg.algo.name)
-    algo.validate(run_cfg.algo, world, run_cfg.launch.nproc)
+    algo.validate(run_cfg.algo, world, per_node)
     n_train = algo.num_train_ranks(run_cfg.algo, world)
     tr = run_cfg.train
     per_rank = tr.global_batch_size // n_train if tr.global_batch_size else tr.batch_size
@@ -98,6 +99,9 @@ def main(cfg: DictConfig) -> None:
             sys.exit(run_table(cfg.table, run_dir))
     with report_user_errors():
         run_cfg = preflight(cfg, run_dir)
+        if run_cfg.launch.no_ssh and not any(o.startswith("hydra.run.dir=") for o in hc.overrides.hydra):
+            raise UserError("launch.no_ssh=true: give hydra.run.dir=PATH, the same on every node "
+                            "(on storage they share), so that all nodes write one run")
     if run_cfg.launch.launcher == "none" or (run_cfg.launch.nproc == 1 and not _multi_node(run_cfg)):
         from engine import rank_main
 
@@ -118,6 +122,7 @@ def main(cfg: DictConfig) -> None:
 
 
 def _multi_node(run_cfg: object) -> bool:
+    """A hostfile launch goes through DeepSpeed's runner even for one rank per node."""
     return bool(getattr(run_cfg.launch, "hostfile", None))
 
 
