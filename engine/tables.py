@@ -120,7 +120,7 @@ def submit_slurm(table: TableConfig, out: Path) -> None:
     for row in table.rows:
         seeds = ",".join(str(s) for s in table.seeds)
         args = ([f"recipe={row.recipe}"] if row.recipe else []) + [*table.overrides, *row.overrides]
-        cmd = [sys.executable, str(REPO / "cli.py"), "-m", "hydra/launcher=submitit_slurm", *args,
+        cmd = [sys.executable, str(REPO / "cli.py"), "-m", "hydra/launcher=slurm", *args,
                f"seed={seeds}", f"hydra.sweep.dir={out / row.label}", "hydra.sweep.subdir=seed_${seed}",
                "train.progress=false"]
         print(f"submitting {row.label}: {' '.join(cmd[2:])}", flush=True)
