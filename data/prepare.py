@@ -79,40 +79,48 @@ class _ImageFolderRGB:
             return img.convert("RGB"), self.labels[i]
 
 
-def _write_betons(cfg: DataConfig, folder: str, workers: int) -> None:
+def _write_betons(jobs: list[tuple[DataConfig, str]], workers: int) -> None:
     """Runs in a spawned process (see the module docstring)."""
+    # FFCV's writer starts its workers with the default start method, which in a spawned process
+    # is spawn: every worker would re-import torch and FFCV. Here (a fresh process, no loader
+    # threads) forking is what FFCV expects, and safe.
+    mp.set_start_method("fork", force=True)
     from ffcv.fields import IntField, NDArrayField, RGBImageField
     from ffcv.writer import DatasetWriter
 
-    for split in ("train", "val"):
-        images, labels = split_samples(cfg, split)
-        if cfg.name == "digits":
-            image_field: Any = NDArrayField(dtype=np.dtype("float32"), shape=tuple(images.shape[1:]))
-            dataset: Any = list(zip(images, labels))
-        elif cfg.name in ("cifar10", "cifar100"):
-            image_field, dataset = RGBImageField(write_mode="raw"), list(zip(images, labels))
-        else:
-            f = cfg.ffcv
-            image_field = RGBImageField(write_mode="proportion", max_resolution=f.max_resolution,
-                                        jpeg_quality=f.jpeg_quality, compress_probability=f.compress_probability)
-            dataset = _ImageFolderRGB(images, labels)
-        path = os.path.join(folder, f"{split}.beton")
-        print(f"data.prepare: {len(dataset)} {split} samples -> {path}", flush=True)
-        writer = DatasetWriter(path + ".partial", {"image": image_field, "label": IntField()},
-                               num_workers=workers)
-        writer.from_indexed_dataset(dataset, chunksize=100)
-        os.replace(path + ".partial", path)
+    for cfg, folder in jobs:
+        for split in ("train", "val"):
+            images, labels = split_samples(cfg, split)
+            if cfg.name == "digits":
+                image_field: Any = NDArrayField(dtype=np.dtype("float32"), shape=tuple(images.shape[1:]))
+                dataset: Any = list(zip(images, labels))
+            elif cfg.name in ("cifar10", "cifar100"):
+                image_field, dataset = RGBImageField(write_mode="raw"), list(zip(images, labels))
+            else:
+                f = cfg.ffcv
+                image_field = RGBImageField(write_mode="proportion", max_resolution=f.max_resolution,
+                                            jpeg_quality=f.jpeg_quality,
+                                            compress_probability=f.compress_probability)
+                dataset = _ImageFolderRGB(images, labels)
+            path = os.path.join(folder, f"{split}.beton")
+            print(f"data.prepare: {len(dataset)} {split} samples -> {path}", flush=True)
+            writer = DatasetWriter(path + ".partial", {"image": image_field, "label": IntField()},
+                                   num_workers=workers)
+            writer.from_indexed_dataset(dataset, chunksize=100)
+            os.replace(path + ".partial", path)
 
 
-def write_ffcv(cfg: DataConfig, folder: Path, workers: int, timeout: Optional[float] = None) -> None:
-    proc = mp.get_context("spawn").Process(target=_write_betons, args=(cfg, str(folder), workers))
+def write_ffcv(jobs: list[tuple[DataConfig, Path]], workers: int, timeout: Optional[float] = None) -> None:
+    """Write the .beton files of several (config, folder) jobs in one spawned process."""
+    proc = mp.get_context("spawn").Process(target=_write_betons,
+                                            args=([(c, str(f)) for c, f in jobs], workers))
     proc.start()
     proc.join(timeout)
     if proc.is_alive():
         proc.kill()
-        raise RuntimeError(f"writing the .beton files into {folder} took more than {timeout} s; killed")
+        raise RuntimeError(f"writing .beton files took more than {timeout} s; killed")
     if proc.exitcode != 0:
-        raise RuntimeError(f"writing the .beton files into {folder} failed (exit code {proc.exitcode}, see above)")
+        raise RuntimeError(f"writing .beton files failed (exit code {proc.exitcode}, see above)")
 
 
 # ---- DALI ------------------------------------------------------------------------------------
@@ -142,29 +150,44 @@ def write_dali(cfg: DataConfig, folder: Path) -> None:
 
 
 # ---- entry point -----------------------------------------------------------------------------
-def prepare(cfg: DataConfig, force: bool = False, workers: Optional[int] = None,
-            timeout: Optional[float] = None) -> Optional[Path]:
-    """Write the files `cfg.pipeline` reads; returns their folder (None: nothing to write)."""
-    if not needs_preparation(cfg):
-        what = "the ImageFolder under data.root" if cfg.pipeline == "dali" else "the data set as it is"
-        print(f"data.prepare: data.pipeline={cfg.pipeline} reads {what}; nothing to write")
-        return None
+def _writer_settings(cfg: DataConfig) -> dict[str, Any]:
+    """Recorded in the manifest, for the reader of a benchmark or a paper table."""
+    if cfg.pipeline == "ffcv" and cfg.name == "imagenet":
+        f = cfg.ffcv
+        return {"written_with": {"max_resolution": f.max_resolution, "jpeg_quality": f.jpeg_quality,
+                                 "compress_probability": f.compress_probability}}
+    return {}
+
+
+def prepare(cfgs: Sequence[DataConfig], force: bool = False, workers: Optional[int] = None,
+            timeout: Optional[float] = None) -> list[Path]:
+    """Write the files each config's pipeline reads (all FFCV ones in one spawned writer);
+    returns the folders written."""
     from data.preflight import check_source_on_disk
 
-    check_source_on_disk(cfg)
-    folder = prepared_dir(cfg)
-    present = [p for p in expected_files(cfg) if p.exists()]
-    if present and not force:
-        raise UserError(f"{present[0]} exists; pass force=true to overwrite it")
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / MANIFEST).unlink(missing_ok=True)  # written last: the files are complete only with it
-    if cfg.pipeline == "ffcv":
-        write_ffcv(cfg, folder, workers or os.cpu_count() or 1, timeout)
-    else:
-        write_dali(cfg, folder)
-    write_manifest(cfg, folder)
-    print(f"data.prepare: wrote {folder}")
-    return folder
+    todo = []
+    for cfg in cfgs:
+        if not needs_preparation(cfg):
+            what = "the ImageFolder under data.root" if cfg.pipeline == "dali" else "the data set as it is"
+            print(f"data.prepare: data.pipeline={cfg.pipeline} reads {what}; nothing to write")
+            continue
+        check_source_on_disk(cfg)
+        present = [p for p in expected_files(cfg) if p.exists()]
+        if present and not force:
+            raise UserError(f"{present[0]} exists; pass force=true to overwrite it")
+        todo.append((cfg, prepared_dir(cfg)))
+    for cfg, folder in todo:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / MANIFEST).unlink(missing_ok=True)  # written last: the files are complete only with it
+    ffcv_jobs = [(c, f) for c, f in todo if c.pipeline == "ffcv"]
+    if ffcv_jobs:
+        write_ffcv(ffcv_jobs, workers or os.cpu_count() or 1, timeout)
+    for cfg, folder in todo:
+        if cfg.pipeline == "dali":
+            write_dali(cfg, folder)
+        write_manifest(cfg, folder, **_writer_settings(cfg))
+        print(f"data.prepare: wrote {folder}")
+    return [f for _, f in todo]
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="prepare")
@@ -175,7 +198,7 @@ def main(cfg: DictConfig) -> None:
 
     with report_user_errors("data.prepare"):
         OmegaConf.resolve(cfg)
-        prepare(load_data_config(cfg.data), force=bool(cfg.force), workers=cfg.workers)
+        prepare([load_data_config(cfg.data)], force=bool(cfg.force), workers=cfg.workers)
 
 
 if __name__ == "__main__":

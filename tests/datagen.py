@@ -37,7 +37,8 @@ def imagefolder_label(i: int, num_classes: int) -> int:
     return i % num_classes
 
 
-def _image(i: int, height: int, width: int) -> np.ndarray:
+def sample_image(i: int, height: int, width: int) -> np.ndarray:
+    """The image of identity i (uint8 HWC): identity colour in red and green, a ramp in blue."""
     r, g = identity_color(i)
     img = np.empty((height, width, 3), dtype=np.uint8)
     img[..., 0], img[..., 1] = r, g
@@ -56,7 +57,7 @@ def write_cifar(root: str | Path, name: str = "cifar10", n_train: int = 96, n_te
     path.mkdir(parents=True, exist_ok=True)
 
     def dump(fname: str, ids: Sequence[int]) -> None:
-        data = np.stack([_image(i, 32, 32).transpose(2, 0, 1).reshape(-1) for i in ids]) if len(ids) \
+        data = np.stack([sample_image(i, 32, 32).transpose(2, 0, 1).reshape(-1) for i in ids]) if len(ids) \
             else np.zeros((0, 3072), np.uint8)
         batch = {b"data": data, label_key: [cifar_label(i, num_classes) for i in ids]}
         with open(path / fname, "wb") as fh:
@@ -94,7 +95,7 @@ def write_imagefolder(root: str | Path, num_classes: int = 3, n_train: int = 48,
             (root / split / f"class_{c:03d}").mkdir(parents=True, exist_ok=True)
         for i in ids:
             h, w = (int(v) for v in rng.integers(sizes[0], sizes[1] + 1, 2))
-            img = _natural(rng, h, w) if natural else _image(i, h, w)
+            img = _natural(rng, h, w) if natural else sample_image(i, h, w)
             cls = imagefolder_label(i, num_classes)
             Image.fromarray(img).save(root / split / f"class_{cls:03d}" / f"img_{i:05d}.jpg", quality=quality)
     return root
