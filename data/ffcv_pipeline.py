@@ -55,8 +55,10 @@ class _Normalise:
         self.std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        if self.mean.device != images.device:
+            self.mean, self.std = self.mean.to(images.device), self.std.to(images.device)
         x = images.permute(0, 3, 1, 2).contiguous().float().div(255)
-        return x.sub_(self.mean.to(x.device)).div_(self.std.to(x.device))
+        return x.sub_(self.mean).div_(self.std)
 
 
 class _ShardLoader(Loader):
