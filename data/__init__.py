@@ -4,6 +4,8 @@
 is read (torchvision, ffcv, dali). Every pipeline yields the same `TrainStream`/`EvalStream`
 (`data.stream`), sharded by `data.sampler`'s rules, so the trainer does not know which one runs.
 Nothing here downloads: a missing data set is a `UserError` naming the path and what must be there.
+FFCV and DALI read files that `python -m data.prepare` writes (`data/prepare.py`);
+docs/pipelines.md says how the three pipelines differ.
 """
 from __future__ import annotations
 

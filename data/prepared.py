@@ -48,7 +48,7 @@ def identity(cfg: DataConfig) -> dict[str, Any]:
 
 def prepare_command(cfg: DataConfig, force: bool = False) -> str:
     return (f"python -m data.prepare data={cfg.name} data.pipeline={cfg.pipeline}"
-            + (" force=true" if force else "") + " (with this run's other data.* overrides)")
+            + (" force=true" if force else "") + " (plus this run's paths.* and data.* overrides)")
 
 
 def check_prepared(cfg: DataConfig) -> None:

@@ -160,10 +160,25 @@ def _digits_report(pipeline: str, root: str) -> dict[str, Any]:
             "eval": _collect(evals.batches())}
 
 
+CROP_SHAPES = ((300, 400), (10, 400))  # (height, width): a photograph, and one too thin for any try
+
+
+def _ffcv_crop_windows(n: int = 4000) -> dict[tuple[int, int], np.ndarray]:
+    """FFCV's seeded RandomResizedCrop windows (top, left, h, w) for n sample keys."""
+    from data.ffcv_ops import mix64, torchvision_rrc_window
+
+    scale, log_ratio = np.array([0.08, 1.0]), np.log(np.array([3 / 4, 4 / 3]))
+    return {(h, w): np.array([torchvision_rrc_window(np.uint64(mix64(np.uint64(k))), h, w, scale, log_ratio)
+                              for k in range(n)]) for h, w in CROP_SHAPES}
+
+
 def pipeline_report(rank: int, world: int, pipeline: str, root: str) -> dict[str, Any]:
-    return {"cifar10": _image_set_report(pipeline, root, "cifar10"),
-            "imagenet": _image_set_report(pipeline, root, "imagenet"),
-            "digits": _digits_report(pipeline, root)}
+    out = {"cifar10": _image_set_report(pipeline, root, "cifar10"),
+           "imagenet": _image_set_report(pipeline, root, "imagenet"),
+           "digits": _digits_report(pipeline, root)}
+    if pipeline == "ffcv":
+        out["crop_windows"] = _ffcv_crop_windows()
+    return out
 
 
 @lru_cache(maxsize=None)
@@ -202,6 +217,25 @@ def test_order_is_deterministic_and_resume_is_exact(report: tuple[str, dict], na
 @pytest.mark.timeout(600)
 def test_cifar_augmentation_is_a_padded_crop_and_flip(report: tuple[str, dict]) -> None:
     assert report[1]["cifar10"]["crops_ok"], f"{report[0]}: an image is not a padded crop of its sample"
+
+
+@pytest.mark.timeout(600)
+def test_ffcv_random_resized_crop_follows_torchvision(data_root: str) -> None:
+    """The seeded crop draws windows as torchvision's RandomResizedCrop.get_params does: inside
+    the image, with the same area and aspect statistics, and the same centre-crop fallback."""
+    from torchvision.transforms import RandomResizedCrop
+
+    windows = _report("ffcv", data_root)["crop_windows"]
+    torch.manual_seed(0)
+    for (h, w), got in windows.items():
+        want = np.array([RandomResizedCrop.get_params(torch.empty(1, h, w), (0.08, 1.0), (3 / 4, 4 / 3))
+                         for _ in range(len(got))])
+        top, left, ch, cw = got.T
+        assert (top >= 0).all() and (left >= 0).all() and (top + ch <= h).all() and (left + cw <= w).all()
+        for stat in (lambda a: a[:, 2] * a[:, 3] / (h * w), lambda a: np.log(a[:, 3] / a[:, 2])):
+            assert abs(stat(got).mean() - stat(want).mean()) < 0.03, (h, w)
+        if h == 10:  # no try fits: torchvision's centre-crop fallback, every time
+            assert (want == want[0]).all() and (got == want[0]).all(), (got[:3], want[0])
 
 
 @pytest.mark.timeout(600)
