@@ -16,8 +16,11 @@ JPEG at quality 90). Prints a table, then one JSON line.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import inspect
 import json
 import multiprocessing as mp
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -44,18 +47,21 @@ def data_config(args: argparse.Namespace, pipeline: str) -> Any:
 
 
 def make_data(args: argparse.Namespace) -> None:
-    """The ImageFolder (generated once per setting) and its .beton (written when missing)."""
+    """The ImageFolder (generated again when the generator changes) and its .beton (written
+    when missing or stale)."""
     from data.prepare import prepare
     from data.prepared import check_prepared
     from engine.errors import UserError
-    from tests.datagen import write_imagefolder
+    from tests import datagen
 
     root = Path(args.dir)
-    done = root / "generated"
+    version = hashlib.sha256(inspect.getsource(datagen).encode()).hexdigest()[:12]
+    done = root / f"generated_{version}"
     if not done.exists():
         print(f"generating {args.images} JPEGs in {root} ...", flush=True)
-        write_imagefolder(root, num_classes=10, n_train=args.images, n_val=10,
-                          sizes=(args.min_side, args.max_side), natural=True, seed=1, quality=90)
+        shutil.rmtree(root, ignore_errors=True)
+        datagen.write_imagefolder(root, num_classes=10, n_train=args.images, n_val=10,
+                                  sizes=(args.min_side, args.max_side), natural=True, seed=1, quality=90)
         done.touch()
     try:
         check_prepared(data_config(args, "ffcv"))
