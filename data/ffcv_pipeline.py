@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numba
 import numpy as np
@@ -44,6 +44,10 @@ def _numba_threads_only(cls: type, n: int) -> None:
 
 
 Compiler.set_num_threads = classmethod(_numba_threads_only)
+# The training epoch's loader thread keeps prefetching while an evaluation epoch's thread decodes:
+# two threads launching parallel kernels at once, which numba's fallback `workqueue` layer does
+# not survive. Insist on a layer that does (TBB or OpenMP).
+numba.config.THREADING_LAYER = "threadsafe"
 
 
 class _Normalise:
@@ -75,7 +79,10 @@ def _loader(path: str, batch_size: int, cfg: DataConfig, pipelines: dict[str, li
                         pipelines=pipelines, batches_ahead=cfg.ffcv.batches_ahead, drop_last=False)
 
 
-def _iterate(loader: _ShardLoader, order: np.ndarray, finish: Any) -> Iterator[Batch]:
+Finish = Callable[[torch.Tensor], torch.Tensor]  # the loader's image tensor -> the model's input
+
+
+def _iterate(loader: _ShardLoader, order: np.ndarray, finish: Finish) -> Iterator[Batch]:
     if len(order) == 0:
         return
     epoch = loader.read(order)
@@ -87,7 +94,7 @@ def _iterate(loader: _ShardLoader, order: np.ndarray, finish: Any) -> Iterator[B
 
 
 class FFCVTrainStream:
-    def __init__(self, loader: _ShardLoader, epoch_key: EpochKey, finish: Any, num_samples: int,
+    def __init__(self, loader: _ShardLoader, epoch_key: EpochKey, finish: Finish, num_samples: int,
                  batch_size: int, seed: int, shard: int, num_shards: int) -> None:
         self.loader, self.epoch_key, self.finish = loader, epoch_key, finish
         self.num_samples, self.batch_size, self.seed = num_samples, batch_size, seed
@@ -102,7 +109,7 @@ class FFCVTrainStream:
 
 
 class FFCVEvalStream:
-    def __init__(self, loader: _ShardLoader, finish: Any, num_samples: int, shard: int, num_shards: int) -> None:
+    def __init__(self, loader: _ShardLoader, finish: Finish, num_samples: int, shard: int, num_shards: int) -> None:
         self.loader, self.finish, self.num_samples = loader, finish, num_samples
         part = eval_slice(num_samples, shard, num_shards)
         self.order = np.arange(part.start, part.stop)
@@ -111,7 +118,7 @@ class FFCVEvalStream:
         yield from _iterate(self.loader, self.order, self.finish)
 
 
-def _image_pipelines(cfg: DataConfig, train: bool, key: EpochKey, device: torch.device) -> tuple[list, Any]:
+def _image_pipelines(cfg: DataConfig, train: bool, key: EpochKey, device: torch.device) -> tuple[list, Finish]:
     """(image pipeline up to a uint8 NHWC tensor on `device`, the normalisation after it)."""
     to_device = [ToDevice(device, non_blocking=True)] if device.type == "cuda" else []
     if cfg.name == "digits":  # stored normalised, as the torchvision pipeline holds it
