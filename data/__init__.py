@@ -4,6 +4,8 @@
 is read (torchvision, ffcv, dali). Every pipeline yields the same `TrainStream`/`EvalStream`
 (`data.stream`), sharded by `data.sampler`'s rules, so the trainer does not know which one runs.
 Nothing here downloads: a missing data set is a `UserError` naming the path and what must be there.
+FFCV and DALI read files that `python -m data.prepare` writes (`data/prepare.py`);
+docs/pipelines.md says how the three pipelines differ.
 """
 from __future__ import annotations
 
@@ -97,10 +99,21 @@ def num_train_samples(cfg: DataConfig) -> Optional[int]:
     return {"cifar10": 50_000, "cifar100": 50_000}.get(cfg.name)
 
 
+def _pipeline_module(pipeline: str) -> Any:
+    """Import a pipeline's module without changing torch's intra-op thread count, which belongs
+    to the trainer (importing FFCV sets it to 1)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        return importlib.import_module(PIPELINES[pipeline][0])
+    finally:
+        torch.set_num_threads(threads)
+
+
 def build_data(cfg: DataConfig, request: DataRequest) -> tuple[Any, Any]:
     """(TrainStream or None, EvalStream) for this rank, through the configured pipeline."""
-    module = importlib.import_module(PIPELINES[cfg.pipeline][0])
-    train, evals = module.build(cfg, request)
+    train, evals = _pipeline_module(cfg.pipeline).build(cfg, request)
     if train is not None and train.steps_per_epoch < 1:
         raise UserError(
             f"train.batch_size={request.batch_size} x {request.num_shards} training ranks is more "

@@ -4,8 +4,8 @@ from __future__ import annotations
 from data.config import DataConfig
 
 
-def check_data_on_disk(cfg: DataConfig) -> None:
-    """Raise `UserError` naming the path when the data set is missing (never downloads)."""
+def check_source_on_disk(cfg: DataConfig) -> None:
+    """Raise `UserError` naming the path when the data set itself is missing (never downloads)."""
     if cfg.name in ("cifar10", "cifar100"):
         from data.cifar import cifar_dir
 
@@ -15,3 +15,14 @@ def check_data_on_disk(cfg: DataConfig) -> None:
 
         imagefolder_split(cfg.root, "train")
         imagefolder_split(cfg.root, "val")
+
+
+def check_data_on_disk(cfg: DataConfig) -> None:
+    """Raise `UserError` when what the configured pipeline reads is missing: the prepared files
+    (FFCV; DALI for CIFAR and digits), naming the command that writes them, or the data set."""
+    from data.prepared import check_prepared, needs_preparation
+
+    if needs_preparation(cfg):
+        check_prepared(cfg)
+    else:
+        check_source_on_disk(cfg)

@@ -18,14 +18,19 @@ def epoch_seed(seed: int, epoch: int) -> int:
     return (seed * _EPOCH_STRIDE + epoch) % (2**63)
 
 
+def epoch_shards(n: int, seed: int, epoch: int, num_shards: int) -> torch.Tensor:
+    """Every shard's sample indices for the epoch (num_shards x n // num_shards), in reading order."""
+    gen = torch.Generator().manual_seed(epoch_seed(seed, epoch))
+    perm = torch.randperm(n, generator=gen)
+    per_shard = n // num_shards
+    return perm[:per_shard * num_shards].view(per_shard, num_shards).t()
+
+
 def shard_indices(n: int, seed: int, epoch: int, shard: int, num_shards: int) -> torch.Tensor:
     """This shard's sample indices for the epoch, in reading order."""
     if not 0 <= shard < num_shards:
         raise ValueError(f"shard {shard} outside 0..{num_shards - 1}")
-    gen = torch.Generator().manual_seed(epoch_seed(seed, epoch))
-    perm = torch.randperm(n, generator=gen)
-    per_shard = n // num_shards
-    return perm[shard::num_shards][:per_shard]
+    return epoch_shards(n, seed, epoch, num_shards)[shard].contiguous()
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:

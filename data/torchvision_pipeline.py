@@ -126,19 +126,25 @@ def imagenet_transforms(cfg: DataConfig) -> tuple[Callable, Callable]:
     return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), *norm]), evals
 
 
+class _ArrayItems:
+    """index -> (image, label) over in-memory arrays; a class, not a closure, so that loader
+    workers started by spawn or forkserver (a rank inside a test's forkserver) can unpickle it."""
+
+    def __init__(self, x: Any, y: Any) -> None:
+        self.x, self.y = x, y
+
+    def __call__(self, i: int) -> tuple[Any, int]:
+        return self.x[i], int(self.y[i])
+
+
 def _datasets(cfg: DataConfig) -> tuple[SeededDataset, SeededDataset]:
     if cfg.name in ("cifar10", "cifar100"):
         from data.cifar import load_cifar
 
         train_tf, eval_tf = cifar_transforms(cfg)
-        xs = {split: load_cifar(cfg.root, cfg.name, split) for split in (True, False)}
-
-        def loader(split: bool) -> Callable[[int], tuple[Any, int]]:
-            x, y = xs[split]
-            return lambda i: (x[i], int(y[i]))
-
-        return (SeededDataset(len(xs[True][1]), loader(True), train_tf),
-                SeededDataset(len(xs[False][1]), loader(False), eval_tf))
+        (x_tr, y_tr), (x_te, y_te) = (load_cifar(cfg.root, cfg.name, split) for split in (True, False))
+        return (SeededDataset(len(y_tr), _ArrayItems(x_tr, y_tr), train_tf),
+                SeededDataset(len(y_te), _ArrayItems(x_te, y_te), eval_tf))
     from torchvision.datasets import ImageFolder
 
     from data.imagenet import imagefolder_split

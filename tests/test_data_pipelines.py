@@ -1,0 +1,330 @@
+"""The three data pipelines (torchvision, FFCV, DALI) on generated data sets whose images say
+which sample they are (tests/datagen.py).
+
+Per pipeline, on a CIFAR-format set and a JPEG ImageFolder: each epoch the training ranks'
+shards are disjoint and cover the set; labels match the images; the order is the same for the
+same seed and changes across epochs; a stream resumed mid-epoch yields exactly the batches the
+uninterrupted one read; the evaluation shards cover the test set once; CIFAR's augmentation is
+a padded crop (+ flip) of the sample. On digits (stored normalised) and on un-augmented CIFAR,
+every pipeline yields the torchvision pipeline's batches.
+
+Then the real trainer with each of FFCV and DALI: digits trains to the torchvision run's model
+bit for bit, a CIFAR run with augmentation stopped mid-epoch and resumed equals the
+uninterrupted run bit for bit (the registry's resume scenario), and the ImageFolder set trains.
+
+FFCV and DALI run in child processes (`tests.harness.run_ranks`) under timeouts: their loader
+threads must not live in the pytest process, where a later fork (FFCV's writer, DataLoader
+workers) could hang next to them.
+"""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests.datagen import (cifar_label, imagefolder_label, read_identity, sample_image, write_cifar,
+                           write_imagefolder)
+from tests.harness import REPO, compose, run_ranks
+
+PIPELINES = ("torchvision", "ffcv", "dali")
+SHARDS, BATCH = 2, 8
+CIFAR_TRAIN, CIFAR_TEST = 96, 24  # 6 batches per shard: the shards cover the set exactly
+FOLDER_CLASSES, FOLDER_TRAIN, FOLDER_VAL = 3, 48, 12  # 3 batches per shard
+CHILD_TIMEOUT = 240
+
+
+def data_overrides(name: str, pipeline: str, root: str) -> list[str]:
+    extra = {"imagenet": ["data.image_size=32", f"data.num_classes={FOLDER_CLASSES}", "data.eval_resize=36"]}
+    workers = 0 if pipeline == "torchvision" else 1  # torchvision's workers: slow to start in a test rank
+    return [f"data={name}", f"data.pipeline={pipeline}", f"paths.data_root={root}", f"data.num_workers={workers}",
+            *extra.get(name, [])]
+
+
+def data_config(name: str, pipeline: str, root: str, *more: str) -> Any:
+    return compose(data_overrides(name, pipeline, root) + list(more), "/tmp/unused").data
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from data.prepare import prepare
+
+    root = tmp_path_factory.mktemp("data")
+    write_cifar(root / "cifar10", "cifar10", CIFAR_TRAIN, CIFAR_TEST)
+    write_imagefolder(root / "imagenet", FOLDER_CLASSES, FOLDER_TRAIN, FOLDER_VAL, sizes=(40, 72))
+    cfgs = [data_config(name, "ffcv", str(root)) for name in ("digits", "cifar10", "imagenet")]
+    cfgs += [data_config(name, "dali", str(root)) for name in ("digits", "cifar10")]
+    prepare(cfgs, workers=1, timeout=CHILD_TIMEOUT)
+    # the documented command, as a user runs it: it refuses to overwrite (one line, exit code 2)
+    cmd = [sys.executable, "-m", "data.prepare", "data.pipeline=dali", f"paths.data_root={root}"]
+    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=CHILD_TIMEOUT)
+    assert again.returncode == 2, again.stderr
+    assert again.stderr.strip().endswith("exists; pass force=true to overwrite it"), again.stderr
+    return str(root)
+
+
+# ---- stream-level checks, computed in a child process per pipeline ---------------------------
+def _collect(batches: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    xs, ys = [], []
+    for x, y in batches:
+        xs.append(x.clone())
+        ys.append(y.clone())
+    return xs, ys
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(torch.equal(p, q) for p, q in zip(a, b))
+
+
+def _is_padded_crop(x: torch.Tensor, identity: int, mean: Any, std: Any) -> bool:
+    """Is this normalised 3x32x32 image a 32x32 window of the zero-padded (4 px) sample,
+    possibly mirrored, as torchvision's RandomCrop(32, padding=4) + flip make?"""
+    m, s = np.array(mean)[:, None, None], np.array(std)[:, None, None]
+    pixels = np.round((x.double().numpy() * s + m) * 255).astype(np.int64).transpose(1, 2, 0)
+    padded = np.pad(sample_image(identity, 32, 32).astype(np.int64), ((4, 4), (4, 4), (0, 0)))
+    windows = [padded[t:t + 32, c:c + 32] for t in range(9) for c in range(9)]
+    return any(np.array_equal(pixels, w) or np.array_equal(pixels, w[:, ::-1]) for w in windows)
+
+
+def _image_set_report(pipeline: str, root: str, name: str) -> dict[str, Any]:
+    from data import DataRequest, build_data
+
+    cfg = data_config(name, pipeline, root)
+    if name == "cifar10":
+        from data.cifar import MEAN, STD
+
+        mean, std, label_of = MEAN[name], STD[name], lambda i: cifar_label(i, 10)
+    else:
+        from data.imagenet import MEAN, STD
+
+        mean, std, label_of = MEAN, STD, lambda i: imagefolder_label(i, FOLDER_CLASSES)
+    streams = [build_data(cfg, DataRequest(BATCH, 10, seed=5, shard=r, num_shards=SHARDS, eval_shard=r,
+                                           eval_num_shards=SHARDS)) for r in range(SHARDS)]
+    out: dict[str, Any] = {"ids": [], "labels_ok": True}
+    read: dict[int, list[torch.Tensor]] = {}
+    by_id: list[dict[int, torch.Tensor]] = []
+    for epoch in (0, 1):
+        ids_per_shard, seen = [], {}
+        for r, (train, _) in enumerate(streams):
+            xs, ys = _collect(train.batches(epoch))
+            ids = [i for x in xs for i in read_identity(x, mean, std)]
+            out["labels_ok"] &= [label_of(i) for i in ids] == torch.cat(ys).tolist()
+            ids_per_shard.append(ids)
+            seen.update(zip(ids, (img for x in xs for img in x)))
+            if r == 0:
+                read[epoch] = xs
+        out["ids"].append(ids_per_shard)
+        by_id.append(seen)
+    first = streams[0][0]
+    out["again_equal"] = _same(_collect(first.batches(1))[0], read[1])
+    start = first.steps_per_epoch // 2
+    resumed = _collect(first.batches(1, start))[0]
+    out["resume_equal"] = _same(resumed, read[1][start:])
+    out["resume_len"] = (len(resumed), len(read[1]) - start)
+    common = set(by_id[0]) & set(by_id[1])
+    out["varied"] = sum(not torch.equal(by_id[0][i], by_id[1][i]) for i in common) / max(len(common), 1)
+    if name == "cifar10":
+        out["crops_ok"] = all(_is_padded_crop(img, i, mean, std) for i, img in by_id[0].items())
+        plain = data_config(name, pipeline, root, "data.augment=false")
+        train, _ = build_data(plain, DataRequest(BATCH, 10, seed=5, shard=0, num_shards=SHARDS, eval_shard=0,
+                                                 eval_num_shards=1))
+        out["plain"] = _collect(train.batches(0))[0]
+        out.update(_eval_report(streams, mean, std, label_of))
+    return out
+
+
+def _eval_report(streams: list, mean: Any, std: Any, label_of: Any) -> dict[str, Any]:
+    """(CIFAR only: the ImageFolder's evaluation path runs in the trainer test.)"""
+    out: dict[str, Any] = {"eval_ids": [], "eval_labels_ok": True}
+    for _, evals in streams:
+        xs, ys = _collect(evals.batches())
+        ids = [i for x in xs for i in read_identity(x, mean, std)]
+        out["eval_labels_ok"] &= [label_of(i) for i in ids] == (torch.cat(ys).tolist() if ys else [])
+        out["eval_ids"].append(ids)
+    return out
+
+
+def _digits_report(pipeline: str, root: str) -> dict[str, Any]:
+    from data import DataRequest, build_data
+
+    train, evals = build_data(data_config("digits", pipeline, root),
+                              DataRequest(32, 100, seed=5, shard=1, num_shards=SHARDS, eval_shard=0, eval_num_shards=1))
+    return {"epoch1": _collect(train.batches(1)), "resumed": _collect(train.batches(1, 3)),
+            "eval": _collect(evals.batches())}
+
+
+CROP_SHAPES = ((300, 400), (10, 400))  # (height, width): a photograph, and one too thin for any try
+
+
+def _ffcv_crop_windows(n: int = 4000) -> dict[tuple[int, int], np.ndarray]:
+    """FFCV's seeded RandomResizedCrop windows (top, left, h, w) for n sample keys."""
+    from data.ffcv_ops import mix64, torchvision_rrc_window
+
+    scale, log_ratio = np.array([0.08, 1.0]), np.log(np.array([3 / 4, 4 / 3]))
+    return {(h, w): np.array([torchvision_rrc_window(np.uint64(mix64(np.uint64(k))), h, w, scale, log_ratio)
+                              for k in range(n)]) for h, w in CROP_SHAPES}
+
+
+def pipeline_report(rank: int, world: int, pipeline: str, root: str) -> dict[str, Any]:
+    out = {"cifar10": _image_set_report(pipeline, root, "cifar10"),
+           "imagenet": _image_set_report(pipeline, root, "imagenet"),
+           "digits": _digits_report(pipeline, root)}
+    if pipeline == "ffcv":
+        out["crop_windows"] = _ffcv_crop_windows()
+    return out
+
+
+@lru_cache(maxsize=None)
+def _report(pipeline: str, root: str) -> dict[str, Any]:
+    return run_ranks(pipeline_report, 1, pipeline, root, timeout=CHILD_TIMEOUT)[0]
+
+
+@pytest.fixture(params=PIPELINES)
+def report(request: pytest.FixtureRequest, data_root: str) -> tuple[str, dict[str, Any]]:
+    return request.param, _report(request.param, data_root)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name,n_train", [("cifar10", CIFAR_TRAIN), ("imagenet", FOLDER_TRAIN)])
+def test_shards_are_disjoint_cover_the_set_and_reshuffle(report: tuple[str, dict], name: str, n_train: int) -> None:
+    pipeline, rep = report[0], report[1][name]
+    for epoch, shards in enumerate(rep["ids"]):
+        flat = [i for ids in shards for i in ids]
+        assert sorted(flat) == list(range(n_train)), f"{pipeline} {name} epoch {epoch}: shards overlap or miss samples"
+        assert all(len(ids) == len(shards[0]) for ids in shards)
+    assert all(a != b for a, b in zip(rep["ids"][0], rep["ids"][1])), "the order did not change across epochs"
+    assert rep["labels_ok"], f"{pipeline} {name}: a label does not match its image"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", ["cifar10", "imagenet"])
+def test_order_is_deterministic_and_resume_is_exact(report: tuple[str, dict], name: str) -> None:
+    pipeline, rep = report[0], report[1][name]
+    assert rep["again_equal"], f"{pipeline} {name}: the same epoch read twice differs"
+    assert rep["resume_len"][0] == rep["resume_len"][1] > 0
+    assert rep["resume_equal"], f"{pipeline} {name}: batches(epoch, start) differ from the uninterrupted epoch"
+    # augmentation draws anew each epoch (else the exactness above would be cheap)
+    assert rep["varied"] > 0.5, f"{pipeline} {name}: only {rep['varied']:.0%} of samples changed across epochs"
+
+
+@pytest.mark.timeout(600)
+def test_cifar_augmentation_is_a_padded_crop_and_flip(report: tuple[str, dict]) -> None:
+    assert report[1]["cifar10"]["crops_ok"], f"{report[0]}: an image is not a padded crop of its sample"
+
+
+@pytest.mark.timeout(600)
+def test_ffcv_random_resized_crop_follows_torchvision(data_root: str) -> None:
+    """The seeded crop draws windows as torchvision's RandomResizedCrop.get_params does: inside
+    the image, with the same area and aspect statistics, and the same centre-crop fallback."""
+    from torchvision.transforms import RandomResizedCrop
+
+    windows = _report("ffcv", data_root)["crop_windows"]
+    torch.manual_seed(0)
+    for (h, w), got in windows.items():
+        want = np.array([RandomResizedCrop.get_params(torch.empty(1, h, w), (0.08, 1.0), (3 / 4, 4 / 3))
+                         for _ in range(len(got))])
+        top, left, ch, cw = got.T
+        assert (top >= 0).all() and (left >= 0).all() and (top + ch <= h).all() and (left + cw <= w).all()
+        for stat in (lambda a: a[:, 2] * a[:, 3] / (h * w), lambda a: np.log(a[:, 3] / a[:, 2])):
+            assert abs(stat(got).mean() - stat(want).mean()) < 0.03, (h, w)
+        if h == 10:  # no try fits: torchvision's centre-crop fallback, every time
+            assert (want == want[0]).all() and (got == want[0]).all(), (got[:3], want[0])
+
+
+@pytest.mark.timeout(600)
+def test_eval_shards_cover_the_test_set_once(report: tuple[str, dict]) -> None:
+    rep = report[1]["cifar10"]
+    flat = [i for ids in rep["eval_ids"] for i in ids]
+    assert sorted(flat) == list(range(CIFAR_TRAIN, CIFAR_TRAIN + CIFAR_TEST)), f"{report[0]}: {rep['eval_ids']}"
+    assert rep["eval_labels_ok"]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("pipeline", ["ffcv", "dali"])
+def test_same_samples_as_torchvision(pipeline: str, data_root: str) -> None:
+    """digits: the same tensors bit for bit; un-augmented CIFAR: the same images in the same
+    order (FFCV normalises as torchvision does; DALI to float rounding)."""
+    mine, ref = _report(pipeline, data_root), _report("torchvision", data_root)
+    for part in ("epoch1", "resumed", "eval"):
+        for got, want in zip(mine["digits"][part], ref["digits"][part]):
+            assert _same(got, want), f"{pipeline} digits {part} differs from torchvision"
+    got, want = mine["cifar10"]["plain"], ref["cifar10"]["plain"]
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        if pipeline == "ffcv":
+            assert torch.equal(a, b)
+        else:
+            assert torch.allclose(a, b, atol=1e-5, rtol=0)
+
+
+# ---- the trainer with each pipeline ----------------------------------------------------------
+def train_and_resume(rank: int, world: int, pipeline: str, root: str, tmp: str) -> dict[str, Any]:
+    from tests.harness import train_in_rank
+    from tests.test_resume_registry import algo_overrides, diff, resume_scenario
+
+    final = f"checkpoints/step_{8:08d}/rank_{rank}.pt"
+    digits = ["train.max_steps=8", "model.width=8", "train.eval_every_steps=4", "resume=null"]
+    for p in ("torchvision", pipeline):
+        train_in_rank(rank, world, data_overrides("digits", p, root) + digits, f"{tmp}/digits_{p}")
+    same_as_torchvision = diff(torch.load(Path(tmp, "digits_torchvision", final), weights_only=True),
+                               torch.load(Path(tmp, f"digits_{pipeline}", final), weights_only=True))
+    cifar = data_overrides("cifar10", pipeline, root) + ["train.batch_size=4", "data.eval_batch_size=12"]
+    resumed_differs = resume_scenario(rank, world, algo_overrides("allreduce") + cifar, f"{tmp}/cifar")
+    folder = data_overrides("imagenet", pipeline, root) + ["train.batch_size=4", "train.max_steps=6",
+                                                           "model.width=8", "resume=null"]
+    summary = train_in_rank(rank, world, folder, f"{tmp}/imagefolder")
+    return {"digits_diff": same_as_torchvision, "resume_diff": resumed_differs, "folder": summary}
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("pipeline", ["ffcv", "dali"])
+def test_trainer_runs_and_resumes_bit_exactly(pipeline: str, data_root: str, tmp_path: Path) -> None:
+    results = run_ranks(train_and_resume, 2, pipeline, data_root, str(tmp_path), timeout=720)
+    for rank, res in enumerate(results):
+        assert not res["digits_diff"], f"{pipeline} rank {rank}: digits run differs from torchvision's at {res['digits_diff'][:5]}"
+        assert not res["resume_diff"], f"{pipeline} rank {rank}: resumed CIFAR run differs at {res['resume_diff'][:5]}"
+    summary = results[0]["folder"]
+    assert summary["steps"] == 6 and summary["pipeline"] == pipeline and math.isfinite(summary["test_loss"])
+
+
+# ---- what a user sees when something is missing ----------------------------------------------
+def test_missing_prepared_files_name_the_command(tmp_path: Path) -> None:
+    from data.preflight import check_data_on_disk
+    from engine.errors import UserError
+
+    write_cifar(tmp_path / "cifar10", "cifar10", 8, 4)
+    for pipeline, missing in (("ffcv", "ffcv/train.beton"), ("dali", "dali/train")):
+        with pytest.raises(UserError) as err:
+            check_data_on_disk(data_config("cifar10", pipeline, str(tmp_path)))
+        msg = str(err.value)
+        assert "\n" not in msg and missing in msg
+        assert f"python -m data.prepare data=cifar10 data.pipeline={pipeline}" in msg
+    check_data_on_disk(data_config("cifar10", "torchvision", str(tmp_path)))  # reads the set itself
+
+
+def test_prepared_digits_of_another_split_are_refused(data_root: str) -> None:
+    from data.preflight import check_data_on_disk
+    from engine.errors import UserError
+
+    check_data_on_disk(data_config("digits", "dali", data_root))
+    with pytest.raises(UserError, match="force=true"):
+        check_data_on_disk(data_config("digits", "dali", data_root, "data.test_fraction=0.3"))
+
+
+@pytest.mark.parametrize("pipeline,package", [("ffcv", "ffcv"), ("dali", "nvidia")])
+def test_missing_package_is_one_line(monkeypatch: pytest.MonkeyPatch, pipeline: str, package: str) -> None:
+    import importlib.util
+
+    from engine.errors import UserError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == package else real(n, *a))
+    with pytest.raises(UserError, match=f"data.pipeline={pipeline} needs .* scripts/setup_env.sh"):
+        data_config("digits", pipeline, os.fspath(REPO))
