@@ -20,6 +20,21 @@ import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from dist_algos.flat import FlatBuffer
+from engine.errors import UserError
+
+
+def validate_eval_choice(eval_model: str, choices: Sequence[str], bn_batches: Optional[int]) -> None:
+    """Check `algo.eval_model` and `algo.bn_batches` of a plugin that evaluates a consensus model."""
+    if eval_model not in choices:
+        raise UserError(f"algo.eval_model={eval_model!r} is not one of {', '.join(choices)}")
+    if bn_batches is not None and bn_batches < 0:
+        raise UserError(f"algo.bn_batches={bn_batches} must be 0 or more (or null: one epoch)")
+
+
+def consensus_eval_ranks(eval_model: str, world_size: int) -> list[int]:
+    """`local` evaluates rank 0's own model; every other choice is the same model on all ranks,
+    so every rank evaluates a part of the test set."""
+    return [0] if eval_model == "local" else list(range(world_size))
 
 
 def batch_norm_layers(model: nn.Module) -> list[_BatchNorm]:

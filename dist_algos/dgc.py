@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
@@ -35,6 +35,8 @@ class DGCConfig(SparseConfig):
 @register_algorithm("dgc")
 class DGC(ParamServerAlgorithm):
     Config = DGCConfig
+    memory = ("momentum_buf", "accum")
+    scheduled_density = True
 
     @classmethod
     def validate(cls, cfg: DGCConfig, world_size: int, local_size: int) -> None:
@@ -61,19 +63,3 @@ class DGC(ParamServerAlgorithm):
                                ctx.lr, shard.sizes, self.density)
             pushes.append(wire.sparse(idx, values, self.value_dtype, ctx.step, self.density))
         return pushes
-
-    def worker_state(self) -> dict[str, Any]:
-        return {"momentum_buf": self.momentum_buf.clone(), "accum": self.accum.clone()}
-
-    def load_worker_state(self, state: dict[str, Any]) -> None:
-        self.momentum_buf.copy_(state["momentum_buf"])
-        self.accum.copy_(state["accum"])
-
-    def metrics(self) -> dict[str, float]:
-        out = super().metrics()
-        if self.server is None:
-            out["density"] = self.density
-        return out
-
-    def plot_keys(self) -> list[str]:
-        return ["staleness", "density"]

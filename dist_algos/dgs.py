@@ -12,7 +12,6 @@ lr / peak lr, as the reference code does (so it drops with each LR decay); the r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -32,6 +31,8 @@ class DGSConfig(SparseConfig):
 @register_algorithm("dgs")
 class DGS(ParamServerAlgorithm):
     Config = DGSConfig
+    memory = ("velocity",)
+    scheduled_density = True
     fixed_downlink = "sparse"
     momentum_required = "SAMomentum divides the unsent residual by it"
 
@@ -48,18 +49,3 @@ class DGS(ParamServerAlgorithm):
                                       self.density)
             pushes.append(wire.sparse(idx, values, self.value_dtype, ctx.step, self.density))
         return pushes
-
-    def worker_state(self) -> dict[str, Any]:
-        return {"velocity": self.velocity.clone()}
-
-    def load_worker_state(self, state: dict[str, Any]) -> None:
-        self.velocity.copy_(state["velocity"])
-
-    def metrics(self) -> dict[str, float]:
-        out = super().metrics()
-        if self.server is None:
-            out["density"] = self.density
-        return out
-
-    def plot_keys(self) -> list[str]:
-        return ["staleness", "density"]

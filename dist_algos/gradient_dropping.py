@@ -8,7 +8,6 @@ and keeps the rest in the residual for later steps. No momentum (as in the refer
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -28,6 +27,7 @@ class GradientDroppingConfig(SparseConfig):
 @register_algorithm("gradient_dropping")
 class GradientDropping(ParamServerAlgorithm):
     Config = GradientDroppingConfig
+    memory = ("residual",)
 
     def setup_worker(self) -> None:
         self.residual = torch.zeros_like(self.flat)
@@ -39,9 +39,3 @@ class GradientDropping(ParamServerAlgorithm):
             idx, values = gradient_dropping_(shard.of(self.residual), shard.of(update), shard.sizes, self.cfg.density)
             pushes.append(wire.sparse(idx, values, self.value_dtype, ctx.step, self.cfg.density))
         return pushes
-
-    def worker_state(self) -> dict[str, Any]:
-        return {"residual": self.residual.clone()}
-
-    def load_worker_state(self, state: dict[str, Any]) -> None:
-        self.residual.copy_(state["residual"])

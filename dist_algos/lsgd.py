@@ -42,7 +42,8 @@ import torch.nn as nn
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, StepContext, TrainInfo
 from dist_algos.comm import allgather_bytes
-from dist_algos.consensus_eval import EvalCopy, broadcast_model_, consensus_model
+from dist_algos.consensus_eval import (EvalCopy, broadcast_model_, consensus_eval_ranks, consensus_model,
+                                      validate_eval_choice)
 from dist_algos.flat import FlatBuffer, average_
 from dist_algos.leader_select import RunningLoss, choose_leader, gather_losses, pull_towards_
 from engine.errors import UserError
@@ -102,13 +103,10 @@ class LSGD(DistAlgorithm):
         for key in ("local_pull", "global_pull", "local_refresh_pull", "global_refresh_pull"):
             if not 0.0 <= getattr(cfg, key) <= 1.0:
                 raise UserError(f"algo.{key}={getattr(cfg, key)} must be in [0, 1]")
-        if cfg.eval_model not in EVAL_MODELS:
-            raise UserError(f"algo.eval_model={cfg.eval_model!r} is not one of {', '.join(EVAL_MODELS)}")
-        if cfg.bn_batches is not None and cfg.bn_batches < 0:
-            raise UserError(f"algo.bn_batches={cfg.bn_batches} must be 0 or more (or null: one epoch)")
+        validate_eval_choice(cfg.eval_model, EVAL_MODELS, cfg.bn_batches)
 
     def eval_ranks(self) -> list[int]:
-        return [0] if self.cfg.eval_model == "local" else list(range(self.ctx.world_size))
+        return consensus_eval_ranks(self.cfg.eval_model, self.ctx.world_size)
 
     # ---- set-up -----------------------------------------------------------------------------
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: TrainInfo) -> None:

@@ -77,6 +77,10 @@ class ParamServerAlgorithm(DistAlgorithm):
     fixed_downlink: ClassVar[Optional[str]] = None
     #: Why the method needs optim.momentum > 0 (checked on every rank at set-up), or "".
     momentum_required: ClassVar[str] = ""
+    #: Attributes of the worker's memory tensors (residuals, momenta) made by `setup_worker`.
+    memory: ClassVar[tuple[str, ...]] = ()
+    #: Whether the push density changes with the step (then kept in `self.density`, logged, plotted).
+    scheduled_density: ClassVar[bool] = False
 
     # ---- validation ---------------------------------------------------------------------------
     @classmethod
@@ -208,10 +212,13 @@ class ParamServerAlgorithm(DistAlgorithm):
         raise NotImplementedError
 
     def worker_state(self) -> dict[str, Any]:
-        return {}
+        """The worker's memory tensors named in `memory`, which a resume must restore exactly
+        (an error-feedback residual reset to zero would silently change the run)."""
+        return {name: getattr(self, name).clone() for name in self.memory}
 
     def load_worker_state(self, state: dict[str, Any]) -> None:
-        pass
+        for name in self.memory:
+            getattr(self, name).copy_(state[name])
 
     def step(self, ctx: StepContext) -> None:
         with torch.no_grad():
@@ -340,11 +347,14 @@ class ParamServerAlgorithm(DistAlgorithm):
     def metrics(self) -> dict[str, float]:
         if self.server is not None:
             return {"version": self.server.state.version}
-        return {"version": self.version, "staleness": self.staleness,
-                "staleness_mean": self.staleness_sum / max(self.pushes, 1), "staleness_max": self.staleness_max}
+        out = {"version": self.version, "staleness": self.staleness,
+               "staleness_mean": self.staleness_sum / max(self.pushes, 1), "staleness_max": self.staleness_max}
+        if self.scheduled_density:
+            out["density"] = self.density
+        return out
 
     def plot_keys(self) -> list[str]:
-        return ["staleness"]
+        return ["staleness", "density"] if self.scheduled_density else ["staleness"]
 
     def summary(self) -> dict[str, Any]:
         if self.server is not None:
