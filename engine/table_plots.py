@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,12 @@ def _rows_metrics(table: Any, out: Path) -> dict[str, list[list[dict[str, Any]]]
 
     return {row.label: [read_metrics(row_dir(out, row, s) / "metrics.jsonl") for s in table.seeds]
             for row in table.rows}
+
+
+def _title(table: Any, what: str = "", width: int = 80) -> str:
+    """The table's title (and what the figure shows), wrapped so it fits the figure."""
+    text = table.title or table.name
+    return textwrap.fill(f"{text}: {what}" if what else text, width)
 
 
 def draw_table_plots(table: Any, records: list[dict[str, Any]], out: Path) -> list[Path]:
@@ -40,7 +47,7 @@ def draw_table_plots(table: Any, records: list[dict[str, Any]], out: Path) -> li
             by_step.set(xlabel="step", ylabel="test accuracy")
             by_bytes.set(xlabel="communicated MB (all ranks)", ylabel="test accuracy", xscale="symlog")
             by_step.legend(fontsize=8)
-            fig.suptitle(table.title or table.name)
+            fig.suptitle(_title(table, width=120))
             fig.tight_layout()
             path = out / "accuracy.png"
         elif plot.startswith("series:"):
@@ -50,15 +57,21 @@ def draw_table_plots(table: Any, records: list[dict[str, Any]], out: Path) -> li
                 rows = [r for r in (runs[0] if runs else []) if r.get("kind") == "train" and r.get(key) is not None]
                 if rows:
                     ax.plot([r["step"] for r in rows], [r[key] for r in rows], drawstyle="steps-post", label=label)
-            ax.set(xlabel="step", ylabel=key, title=f"{table.title or table.name}: {key}")
+            ax.set(xlabel="step", ylabel=key)
+            ax.set_title(_title(table, key), fontsize=10)
             ax.legend(fontsize=8)
             fig.tight_layout()
             path = out / f"{key}.png"
         elif plot == "throughput":
             fig, ax = plt.subplots(figsize=(8, 4))
             ok = [r for r in records if r.get("samples_per_s")]
-            ax.bar([r["label"] for r in ok], [r["samples_per_s"] for r in ok])
-            ax.set(ylabel="samples/s", title=f"{table.title or table.name}: throughput")
+            bars = ax.bar([r["label"] for r in ok], [r["samples_per_s"] for r in ok])
+            base = next((r["samples_per_s"] for r in ok if r["label"] == table.baseline), None)
+            if base:  # each bar's speed-up over the baseline row, the number the paper quotes
+                ax.bar_label(bars, labels=[f"{r['samples_per_s'] / base:.2f}x" for r in ok], fontsize=8)
+            ax.set(ylabel=f"samples/s (labels: x {table.baseline})" if base else "samples/s")
+            ax.set_title(_title(table, "throughput"), fontsize=10)
+            ax.tick_params(axis="x", labelrotation=20)
             fig.tight_layout()
             path = out / "throughput.png"
         else:
