@@ -7,7 +7,7 @@ update with K model copies and no communication, using the plugins' own topology
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -70,8 +70,10 @@ def set_flat(model: torch.nn.Module, flat: torch.Tensor) -> None:
     torch.nn.utils.vector_to_parameters(flat.clone(), model.parameters())
 
 
-def reference_dpsgd(k: int, kind: str) -> list[list[torch.Tensor]]:
-    """Mix with both ring neighbours, then each copy's step with its gradient taken before mixing."""
+def reference_mix_then_step(k: int, kind: str,
+                             mix: Callable[[int, int, list[torch.Tensor]], torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Each copy takes its gradient, the copies' models are mixed (`mix(worker, step, models
+    before mixing)`), then each copy steps with the gradient it took before mixing."""
     models, opts = make_workers(k, kind)
     out: list[list[torch.Tensor]] = [[] for _ in range(k)]
     for step in range(STEPS):
@@ -79,11 +81,18 @@ def reference_dpsgd(k: int, kind: str) -> list[list[torch.Tensor]]:
             grad_step(models[w], opts[w], *worker_batch(w, step, k))
         flat = [flat_params(m) for m in models]
         for w in range(k):
-            left, right = ring_neighbours(w, k)
-            set_flat(models[w], (flat[left] + flat[w] + flat[right]) / 3)
+            set_flat(models[w], mix(w, step, flat))
             opts[w].step()
             out[w].append(flat_params(models[w]))
     return finish(models, out)
+
+
+def reference_dpsgd(k: int, kind: str) -> list[list[torch.Tensor]]:
+    """Mix with both ring neighbours, then each copy's step with its gradient taken before mixing."""
+    def ring_mix(w: int, step: int, flat: list[torch.Tensor]) -> torch.Tensor:
+        left, right = ring_neighbours(w, k)
+        return (flat[left] + flat[w] + flat[right]) / 3
+    return reference_mix_then_step(k, kind, ring_mix)
 
 
 def reference_sgp(k: int, num_peers: int, kind: str) -> list[list[torch.Tensor]]:
@@ -111,17 +120,8 @@ def reference_sgp(k: int, num_peers: int, kind: str) -> list[list[torch.Tensor]]
 
 def reference_adpsgd(k: int, kind: str) -> list[list[torch.Tensor]]:
     """Each step every (active, passive) pair of the matching averages, then each copy steps."""
-    models, opts = make_workers(k, kind)
-    out: list[list[torch.Tensor]] = [[] for _ in range(k)]
-    for step in range(STEPS):
-        for w in range(k):
-            grad_step(models[w], opts[w], *worker_batch(w, step, k))
-        flat = [flat_params(m) for m in models]
-        for w in range(k):
-            set_flat(models[w], (flat[w] + flat[bipartite_partner(w, k, step)]) / 2)
-            opts[w].step()
-            out[w].append(flat_params(models[w]))
-    return finish(models, out)
+    return reference_mix_then_step(
+        k, kind, lambda w, step, flat: (flat[w] + flat[bipartite_partner(w, k, step)]) / 2)
 
 
 def finish(models: list[torch.nn.Module], out: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:

@@ -9,7 +9,7 @@ import torch
 
 from dist_algos.easgd import EASGD, EASGDConfig, elastic_update_
 from dist_algos.leader_select import RunningLoss, choose_leader, pull_towards_
-from dist_algos.lsgd import LSGD, LSGDConfig, local_leader_active, partition
+from dist_algos.lsgd import LSGD, LSGDConfig, local_leader_active, partition, resolve_group_size
 from engine.distenv import DistContext
 from engine.errors import UserError
 
@@ -85,8 +85,14 @@ def test_lsgd_rejects_settings_that_cannot_work(overrides: dict, world: int, loc
 
 
 def test_lsgd_accepts_a_period_that_only_matters_with_groups() -> None:
-    LSGD.validate(LSGDConfig(local_period=3, global_period=16, group_size=4), 4, 4)  # no local leader
-    LSGD.validate(LSGDConfig(), 16, 4)  # the paper's 4 nodes x 4 workers
+    # one group spanning the job has no local leader, so a local period that does not divide the
+    # global one is harmless there; validate() raises UserError if it rejects either set-up
+    lone = LSGDConfig(local_period=3, global_period=16, group_size=4)
+    assert not local_leader_active(4, resolve_group_size(lone, 4))
+    LSGD.validate(lone, 4, 4)
+    paper = LSGDConfig()  # the paper's 4 nodes x 4 workers: groups of the ranks per node
+    assert resolve_group_size(paper, 4) == 4 and local_leader_active(16, 4)
+    LSGD.validate(paper, 16, 4)
 
 
 @pytest.mark.parametrize("overrides, fragment", [
