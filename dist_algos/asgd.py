@@ -26,5 +26,5 @@ class ASGD(ParamServerAlgorithm):
     fixed_downlink = "model"
 
     def make_pushes(self, ctx: StepContext) -> list[wire.Message]:
-        update = self.grad.add(self.flat, alpha=self.weight_decay).mul_(ctx.lr)
+        update = self.decayed_update(ctx.lr)
         return [wire.dense(shard.of(update), self.value_dtype, ctx.step) for shard in self.shards]

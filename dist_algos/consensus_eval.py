@@ -17,8 +17,8 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
+from dist_algos.bn_stats import batch_norms
 from dist_algos.flat import FlatBuffer
 from engine.errors import UserError
 
@@ -35,10 +35,6 @@ def consensus_eval_ranks(eval_model: str, world_size: int) -> list[int]:
     """`local` evaluates rank 0's own model; every other choice is the same model on all ranks,
     so every rank evaluates a part of the test set."""
     return [0] if eval_model == "local" else list(range(world_size))
-
-
-def batch_norm_layers(model: nn.Module) -> list[_BatchNorm]:
-    return [m for m in model.modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
 
 
 class EvalCopy:
@@ -67,7 +63,7 @@ def reestimate_batch_norm(model: nn.Module, batches: Iterable[tuple[torch.Tensor
     """Recompute BatchNorm running statistics as the plain average over `batches` (momentum
     None); other layers stay in eval mode (no dropout draws). Returns the batches used; with
     none, the statistics are left as they were (not reset to the initial ones)."""
-    layers = batch_norm_layers(model)
+    layers = batch_norms(model)
     if not layers:
         return 0
     was_training = model.training
@@ -112,7 +108,7 @@ def consensus_model(target: EvalCopy, flats: Sequence[torch.Tensor], trained: nn
     and averaged (`bn_batches=0`: the ranks' own statistics, averaged)."""
     target.load_params(flats)
     target.load_buffers(trained)
-    if bn_batches > 0 and batch_norm_layers(target.model):
+    if bn_batches > 0 and batch_norms(target.model):
         reestimate_batch_norm(target.model, batches(bn_batches), forward)
     average_buffers_(target.model, group, group_size)
     return target.model

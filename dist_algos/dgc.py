@@ -52,7 +52,7 @@ class DGC(ParamServerAlgorithm):
         self.density = self.cfg.density
 
     def make_pushes(self, ctx: StepContext) -> list[wire.Message]:
-        grad = self.grad.clone()
+        grad = self.update.copy_(self.grad)  # the persistent scratch buffer, not a fresh clone
         if self.cfg.clip_norm is not None:
             clip_by_norm_(grad, self.cfg.clip_norm / math.sqrt(len(self.train_ranks())))
         grad.add_(self.flat, alpha=self.weight_decay)

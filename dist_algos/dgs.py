@@ -41,7 +41,7 @@ class DGS(ParamServerAlgorithm):
         self.density = self.cfg.density
 
     def make_pushes(self, ctx: StepContext) -> list[wire.Message]:
-        step = self.grad.add(self.flat, alpha=self.weight_decay).mul_(ctx.lr)
+        step = self.decayed_update(ctx.lr)
         self.density = self.cfg.density * (ctx.lr / self.peak_lr if self.cfg.density_follows_lr else 1.0)
         pushes = []
         for shard in self.shards:

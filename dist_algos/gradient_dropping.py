@@ -33,7 +33,7 @@ class GradientDropping(ParamServerAlgorithm):
         self.residual = torch.zeros_like(self.flat)
 
     def make_pushes(self, ctx: StepContext) -> list[wire.Message]:
-        update = self.grad.add(self.flat, alpha=self.weight_decay).mul_(ctx.lr)
+        update = self.decayed_update(ctx.lr)
         pushes = []
         for shard in self.shards:
             idx, values = gradient_dropping_(shard.of(self.residual), shard.of(update), shard.sizes, self.cfg.density)

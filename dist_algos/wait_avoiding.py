@@ -82,7 +82,6 @@ class AveragerStats:
     late_steps: int = 0  # group steps at which no round had completed since the previous step
     comm_behind: int = 0  # group rounds run after this rank's training thread had gone past them
     wait_global_s: float = 0.0  # the training thread blocked at global averages
-    messages: int = 0  # activation messages sent
     staleness_hist: dict[int, int] = field(default_factory=dict)
 
 
@@ -245,7 +244,6 @@ class WaitAvoidingAverager:
         with self._cv:
             targets = [p for p in rnd.members if p != self.rank and self._peer_round.get(p, -1) < rnd.index]
         message = torch.tensor([ACTIVATE, rnd.index], dtype=torch.int64)
-        self.stats.messages += len(targets)
         self.comm.add(sent=MESSAGE_BYTES * len(targets))
         return [dist.isend(message, dst=p, group=self.signal_group) for p in targets]
 

@@ -162,6 +162,7 @@ class ParamServerAlgorithm(DistAlgorithm):
         else:
             self.channels = channels
             self.grad = flat_grads(params).buffers[0]
+            self.update = torch.empty_like(self.flat)  # reused every step (see `decayed_update`)
             self.setup_worker()
 
     def _resync_period(self) -> int:
@@ -209,7 +210,13 @@ class ParamServerAlgorithm(DistAlgorithm):
 
     def make_pushes(self, ctx: StepContext) -> list[wire.Message]:
         """One push per shard (in `self.shards` order) from `self.grad` and `self.flat`."""
-        raise NotImplementedError
+        raise NotImplementedError  # abstract: every registered subclass defines its push
+
+    def decayed_update(self, lr: float) -> torch.Tensor:
+        """lr x (g + wd w) in the persistent `self.update` (no model-sized allocation per step;
+        valid until the next call, which is safe since `_exchange` waits for every send)."""
+        torch.add(self.grad, self.flat, alpha=self.weight_decay, out=self.update)
+        return self.update.mul_(lr)
 
     def worker_state(self) -> dict[str, Any]:
         """The worker's memory tensors named in `memory`, which a resume must restore exactly

@@ -227,7 +227,6 @@ class Server:
         self.turns = Turns(list(channels), ordered)
         self.comm = comm
         self.dropped: dict[int, str] = {}
-        self.finished: set[int] = set()
         self.threads: list[threading.Thread] = []
 
     @property
@@ -248,7 +247,6 @@ class Server:
             while True:
                 push = channel.recv(self.state.shard.numel, timeout=wire.IDLE_WAIT)
                 if push.kind == wire.Kind.BYE:
-                    self.finished.add(worker)
                     return
                 with self.turns.turn(worker):
                     reply = self.state.apply(worker, push)
