@@ -36,7 +36,7 @@ from data.stream import Batch
 def file_list(cfg: DataConfig, split: str) -> tuple[list[str], list[int]]:
     """(paths, labels) of a split in the data set's index order."""
     if cfg.name == "imagenet":
-        from data.prepare import imagefolder_files
+        from data.imagenet import imagefolder_files
 
         return imagefolder_files(cfg.root, split)
     folder = prepared_dir(cfg)

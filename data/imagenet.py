@@ -18,5 +18,15 @@ def imagefolder_split(root: str, split: str) -> Path:
     return path
 
 
+def imagefolder_files(root: str, split: str) -> tuple[list[str], list[int]]:
+    """The files of an ImageFolder split and their labels, in torchvision's ImageFolder order."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+
+    path = str(imagefolder_split(root, split))
+    _, class_to_idx = find_classes(path)
+    samples = make_dataset(path, class_to_idx, extensions=IMG_EXTENSIONS)
+    return [p for p, _ in samples], [c for _, c in samples]
+
+
 def class_names(root: str) -> list[str]:
     return sorted(p.name for p in imagefolder_split(root, "train").iterdir() if p.is_dir())

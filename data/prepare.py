@@ -28,6 +28,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from data.config import DataConfig
+from data.imagenet import imagefolder_files
 from data.prepared import MANIFEST, expected_files, needs_preparation, prepared_dir, write_manifest
 from engine.errors import UserError, report_user_errors
 
@@ -48,18 +49,6 @@ def split_samples(cfg: DataConfig, split: str) -> tuple[Sequence[Any], Sequence[
         return x, y.tolist()
     files, labels = imagefolder_files(cfg.root, split)
     return files, labels
-
-
-def imagefolder_files(root: str, split: str) -> tuple[list[str], list[int]]:
-    """The files of an ImageFolder split and their labels, in torchvision's ImageFolder order."""
-    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
-
-    from data.imagenet import imagefolder_split
-
-    path = str(imagefolder_split(root, split))
-    _, class_to_idx = find_classes(path)
-    samples = make_dataset(path, class_to_idx, extensions=IMG_EXTENSIONS)
-    return [p for p, _ in samples], [c for _, c in samples]
 
 
 # ---- FFCV ------------------------------------------------------------------------------------

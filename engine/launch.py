@@ -40,11 +40,11 @@ from typing import Any, Callable, Optional
 
 from engine.errors import USER_ERROR_EXIT, UserError
 from engine.launch_config import LaunchConfig, node_plan_of
-from engine.rank_watch import STOP_REQUEST, RankWatch
+from engine.rank_watch import RankWatch
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH_RECORD = "launch.json"
-__all__ = ["RankWatch", "STOP_REQUEST", "launch", "run_launcher", "stopped_message"]
+__all__ = ["RankWatch", "launch", "run_launcher", "stopped_message"]
 
 
 def free_port(addr: str = "127.0.0.1") -> int:
