@@ -32,6 +32,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from dist_algos.flat import BUCKET_BYTES, INFLIGHT, FlatBuffer, average_  # noqa: E402
 
 METHODS = ("ours", "torch_average_parameters", "per_tensor", "flat_allreduce")
 
@@ -52,7 +53,6 @@ def rank_tensors(shapes: list[torch.Size], rank: int) -> list[torch.Tensor]:
 
 def check_ours(shapes: list[torch.Size], rank: int, world: int, bucket_bytes: int, inflight: int) -> None:
     """`average_` must give the exact mean that one all_reduce + divide gives (same dtype, same op)."""
-    from dist_algos.flat import FlatBuffer, average_
 
     params = rank_tensors(shapes[:8], rank)
     expected = torch.stack([torch.cat([t.reshape(-1) for t in rank_tensors(shapes[:8], r)])
@@ -68,7 +68,6 @@ def candidates(shapes: list[torch.Size], rank: int, world: int, bucket_bytes: in
                inflight: int) -> dict[str, Callable[[], None]]:
     from torch.distributed.algorithms.model_averaging.utils import average_parameters
 
-    from dist_algos.flat import FlatBuffer, average_
 
     ours_params = rank_tensors(shapes, rank)
     ours = FlatBuffer(ours_params)
@@ -141,7 +140,6 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=None, help="ours: bucket cap (default: the library's)")
     parser.add_argument("--inflight", type=int, default=None, help="ours: all_reduces in flight (default: the library's)")
     args = parser.parse_args()
-    from dist_algos.flat import BUCKET_BYTES, INFLIGHT
 
     args.bucket_mb = BUCKET_BYTES / 2**20 if args.bucket_mb is None else args.bucket_mb
     args.inflight = INFLIGHT if args.inflight is None else args.inflight

@@ -51,7 +51,7 @@ def make_data(args: argparse.Namespace) -> None:
     when missing or stale)."""
     from data.prepare import prepare
     from data.prepared import check_prepared
-    from engine.errors import UserError
+    from core.errors import UserError
     from tests import datagen
 
     root = Path(args.dir)

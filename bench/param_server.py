@@ -25,6 +25,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from core.distenv import init_distributed  # noqa: E402
+from core.schema import typed_section  # noqa: E402
+from core.spec import DataSpec  # noqa: E402
+from dist_algos import get_algorithm  # noqa: E402
+from dist_algos.base import HyperParams, StepContext, TrainInfo  # noqa: E402
+from models import build_model  # noqa: E402
 
 MODELS = {
     "resnet18": ({"name": "resnet18", "small_input": True}, (3, 32, 10)),  # the paper's CIFAR-10 model
@@ -37,12 +43,6 @@ def bench_rank(rank: int, world: int, algos: list[str], model_name: str, steps: 
     import torch
     import torch.distributed as dist
 
-    from data.config import DataSpec
-    from dist_algos import get_algorithm
-    from dist_algos.base import StepContext, TrainInfo
-    from engine.config import typed_section
-    from engine.distenv import init_distributed
-    from models import build_model
 
     ctx = init_distributed("gloo")
     model_cfg, (channels, size, classes) = MODELS[model_name]
@@ -56,7 +56,8 @@ def bench_rank(rank: int, world: int, algos: list[str], model_name: str, steps: 
         model = build_model(dict(model_cfg), DataSpec(channels, size, classes))
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
         info = TrainInfo(total_steps=steps, steps_per_epoch=steps, lr_at=lambda s: 0.1, warmup_steps=0,
-                         train_batches=lambda n: iter(()), forward=lambda m, x: m(x))
+                         train_batches=lambda n: iter(()), forward=lambda m, x: m(x),
+                         hyper=HyperParams(optimizer="sgd", peak_lr=0.1, momentum=0.9, weight_decay=5e-4))
         plugin.setup(model, opt, info)
         gen = torch.Generator().manual_seed(rank)
         elapsed = torch.zeros(1, dtype=torch.float64)

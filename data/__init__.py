@@ -14,8 +14,8 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from data.config import DataConfig, DataSpec
-from engine.errors import UserError
+from data.config import DataConfig, DataSpec, PathsConfig  # noqa: F401
+from core.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,12 @@ class DataRequest:
     device: Any = "cpu"
 
 
+def register_configs() -> None:
+    """(temporary: conf/data/*.yaml)"""
+
+
 def load_data_config(node: Any) -> DataConfig:
-    from engine.config import typed_section
+    from core.schema import typed_section
 
     cfg = typed_section(DataConfig, node, "data")
     if cfg.name not in DATASETS:
@@ -120,3 +124,10 @@ def build_data(cfg: DataConfig, request: DataRequest) -> tuple[Any, Any]:
             f"than the {train.num_samples} training samples of {cfg.name}; use fewer ranks or a "
             "smaller batch")
     return train, evals
+
+
+def check_data_on_disk(cfg: DataConfig) -> None:
+    """(temporary re-export until the data registry lands)"""
+    from data.preflight import check_data_on_disk as check
+
+    check(cfg)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.errors import UserError
+from core.errors import UserError
 
 LAYOUT = {
     "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], b"labels"),

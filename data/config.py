@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from core.spec import DataSpec  # noqa: F401  (re-exported: data sets declare it)
+
 
 @dataclass
 class FFCVConfig:
@@ -46,10 +48,6 @@ class DataConfig:
     dali: DALIConfig = field(default_factory=DALIConfig)
 
 
-@dataclass(frozen=True)
-class DataSpec:
-    """What a model needs to know about its input, known without reading the data."""
-
-    in_channels: int
-    image_size: int
-    num_classes: int
+@dataclass
+class PathsConfig:
+    data_root: str = "${oc.env:SYNCOPT_DATA,datasets}"

@@ -30,7 +30,7 @@ from omegaconf import DictConfig
 from data.config import DataConfig
 from data.imagenet import imagefolder_files
 from data.prepared import MANIFEST, expected_files, needs_preparation, prepared_dir, write_manifest
-from engine.errors import UserError, report_user_errors
+from core.errors import UserError, report_user_errors
 
 
 def split_samples(cfg: DataConfig, split: str) -> tuple[Sequence[Any], Sequence[int]]:

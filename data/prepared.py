@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from data.config import DataConfig
-from engine.errors import UserError
+from core.errors import UserError
 
 MANIFEST = "prepared.json"
 

@@ -36,12 +36,12 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from dist_algos import register_algorithm
-from dist_algos.base import AlgoConfig, DistAlgorithm, StepContext, TrainInfo
+from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, StepContext, TrainInfo
 from dist_algos.consensus import average_model_, average_model_copy
 from dist_algos.flat import FlatBuffer
 from dist_algos.group_schedule import bipartite_partner
-from engine.distenv import DistContext
-from engine.errors import UserError
+from core.distenv import DistContext
+from core.errors import UserError
 
 REQUEST, STOP = 0, 1
 HEADER, MODEL_TO_PASSIVE, MODEL_TO_ACTIVE = 0, 1, 2  # message tags
@@ -174,7 +174,8 @@ class Adpsgd(DistAlgorithm):
     cfg: AdpsgdConfig
 
     @classmethod
-    def validate(cls, cfg: AdpsgdConfig, world_size: int, local_size: int) -> None:
+    def validate(cls, cfg: AdpsgdConfig, world_size: int, local_size: int,
+                 hyper: HyperParams = HyperParams()) -> None:
         if world_size > 1 and world_size % 2:
             raise UserError(f"adpsgd pairs even (active) with odd (passive) ranks and needs an even number "
                             f"of workers; got {world_size}: change launch.nproc")

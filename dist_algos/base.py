@@ -34,8 +34,9 @@ from typing import Any, Callable, ClassVar, Optional
 import torch
 import torch.nn as nn
 
+from core.distenv import DistContext
+from core.schema import Section
 from dist_algos.comm import CommStats
-from engine.distenv import DistContext
 
 
 class Role(str, enum.Enum):
@@ -44,10 +45,36 @@ class Role(str, enum.Enum):
 
 
 @dataclass
-class AlgoConfig:
-    """Base of every plugin's config dataclass (`algo.*`)."""
+class AlgoConfig(Section):
+    """Base of every plugin's config dataclass (`algo.*`); ranges are declared with
+    `core.schema.option` on the fields and checked before launch."""
 
     name: str = ""
+
+
+@dataclass(frozen=True)
+class HyperParams:
+    """The run's optimizer settings as plain numbers (`optim.*`, `train.grad_clip`), for plugins
+    that compute their own update instead of stepping the local optimizer (parameter servers)."""
+
+    optimizer: str = "sgd"
+    peak_lr: float = 0.1
+    momentum: float = 0.0
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    grad_clip: Optional[float] = None  # max L2 norm of this rank's gradient, before the update
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """Which ranks train and which evaluate, decided from the config and the world size alone
+    (so the run plan knows it before any rank starts)."""
+
+    train: tuple[int, ...]
+    evaluate: tuple[int, ...]
+
+    def role(self, rank: int) -> "Role":
+        return Role.WORKER if rank in self.train else Role.SERVER
 
 
 @dataclass
@@ -63,6 +90,7 @@ class TrainInfo:
     train_batches: Callable[[int], Iterator[tuple[torch.Tensor, torch.Tensor]]]
     forward: Callable[[nn.Module, torch.Tensor], torch.Tensor]  # the trainer's forward (autocast)
     resuming: bool = False  # state will be loaded right after setup (skip initial syncs)
+    hyper: HyperParams = field(default_factory=HyperParams)  # optim.* and train.grad_clip as numbers
 
 
 @dataclass
@@ -96,28 +124,29 @@ class DistAlgorithm(ABC):
         self.ctx = ctx
         self.comm = CommStats()
 
-    # ---- validation, before any rank is launched -------------------------------------------
+    # ---- validation and layout, before any rank is launched ---------------------------------
     @classmethod
-    def validate(cls, cfg: AlgoConfig, world_size: int, local_size: int) -> None:
-        """Raise `engine.errors.UserError` for settings that cannot work at this world size."""
+    def validate(cls, cfg: AlgoConfig, world_size: int, local_size: int,
+                 hyper: HyperParams = HyperParams()) -> None:
+        """Raise `core.errors.UserError` for settings that cannot work at this world size (or with
+        these optimizer settings). Ranges declared on the config's fields are checked already."""
 
     @classmethod
-    def num_train_ranks(cls, cfg: AlgoConfig, world_size: int) -> int:
-        """How many of `world_size` ranks train (a parameter server's serving ranks do not)."""
-        return world_size
+    def layout(cls, cfg: AlgoConfig, world_size: int) -> RankLayout:
+        """Which ranks train (the training set is sharded over them) and which evaluate (the test
+        set is sharded over them; `eval_model` must give the same model on all of them)."""
+        everyone = tuple(range(world_size))
+        return RankLayout(train=everyone, evaluate=everyone)
 
-    # ---- roles ------------------------------------------------------------------------------
+    # ---- this rank's place in the layout -----------------------------------------------------
     def role(self) -> Role:
-        return Role.WORKER
+        return self.layout(self.cfg, self.ctx.world_size).role(self.ctx.rank)
 
     def train_ranks(self) -> list[int]:
-        """Ranks that train; the training set is sharded over these only."""
-        return list(range(self.ctx.world_size))
+        return list(self.layout(self.cfg, self.ctx.world_size).train)
 
     def eval_ranks(self) -> list[int]:
-        """Ranks that evaluate (the test set is sharded over them); others contribute nothing.
-        `eval_model` must give the same model on all of them."""
-        return list(range(self.ctx.world_size))
+        return list(self.layout(self.cfg, self.ctx.world_size).evaluate)
 
     # ---- training ---------------------------------------------------------------------------
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: TrainInfo) -> None:

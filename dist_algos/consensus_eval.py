@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from dist_algos.bn_stats import batch_norms
 from dist_algos.flat import FlatBuffer
-from engine.errors import UserError
+from core.errors import UserError
 
 
 def validate_eval_choice(eval_model: str, choices: Sequence[str], bn_batches: Optional[int]) -> None:

@@ -17,11 +17,11 @@ from typing import Optional
 import torch
 
 from dist_algos import register_algorithm
-from dist_algos.base import StepContext
+from dist_algos.base import HyperParams, StepContext
 from dist_algos.compressors import clip_by_norm_, dgc_, dgc_warmup_density
 from dist_algos.param_server import wire
 from dist_algos.param_server.plugin import ParamServerAlgorithm, SparseConfig
-from engine.errors import UserError
+from core.errors import UserError
 
 
 @dataclass
@@ -39,8 +39,9 @@ class DGC(ParamServerAlgorithm):
     scheduled_density = True
 
     @classmethod
-    def validate(cls, cfg: DGCConfig, world_size: int, local_size: int) -> None:
-        super().validate(cfg, world_size, local_size)
+    def validate(cls, cfg: DGCConfig, world_size: int, local_size: int,
+                 hyper: HyperParams = HyperParams()) -> None:
+        super().validate(cfg, world_size, local_size, hyper)
         if cfg.warmup_epochs < 0:
             raise UserError(f"algo.warmup_epochs={cfg.warmup_epochs} must be at least 0")
         if cfg.clip_norm is not None and cfg.clip_norm <= 0:

@@ -30,12 +30,12 @@ import torch
 import torch.nn as nn
 
 from dist_algos import register_algorithm
-from dist_algos.base import AlgoConfig, DistAlgorithm, StepContext, TrainInfo
+from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, RankLayout, StepContext, TrainInfo
 from dist_algos.comm import allreduce_bytes
 from dist_algos.consensus_eval import EvalCopy, consensus_eval_ranks, consensus_model, validate_eval_choice
 from dist_algos.flat import FlatBuffer, average_
 from dist_algos.leader_select import pull_towards_
-from engine.errors import UserError
+from core.errors import UserError
 
 EVAL_MODELS = ("center", "average", "local")
 
@@ -65,15 +65,17 @@ class EASGD(DistAlgorithm):
     cfg: EASGDConfig
 
     @classmethod
-    def validate(cls, cfg: EASGDConfig, world_size: int, local_size: int) -> None:
+    def validate(cls, cfg: EASGDConfig, world_size: int, local_size: int,
+                 hyper: HyperParams = HyperParams()) -> None:
         if cfg.sync_period < 1:
             raise UserError(f"algo.sync_period={cfg.sync_period} must be at least 1")
         if not 0.0 < cfg.moving_rate <= 1.0:
             raise UserError(f"algo.moving_rate={cfg.moving_rate} must be in (0, 1] (the paper's beta; 0.43 in LSGD's runs)")
         validate_eval_choice(cfg.eval_model, EVAL_MODELS, cfg.bn_batches)
 
-    def eval_ranks(self) -> list[int]:
-        return consensus_eval_ranks(self.cfg.eval_model, self.ctx.world_size)
+    @classmethod
+    def layout(cls, cfg: AlgoConfig, world_size: int) -> RankLayout:
+        return RankLayout(train=tuple(range(world_size)), evaluate=tuple(consensus_eval_ranks(cfg.eval_model, world_size)))
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: TrainInfo) -> None:
         super().setup(model, optimizer, info)

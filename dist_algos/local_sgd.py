@@ -31,12 +31,12 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from dist_algos import register_algorithm
-from dist_algos.base import AlgoConfig, DistAlgorithm, StepContext, TrainInfo
+from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, StepContext, TrainInfo
 from dist_algos.bn_stats import bn_statistics, float_buffers, recompute_bn_statistics
 from dist_algos.comm import allreduce_bytes
 from dist_algos.flat import BUCKET_BYTES, FlatBuffer, Slot, average_, flat_grads
 from dist_algos.sync_schedule import SCHEDULES, SyncRule
-from engine.errors import UserError
+from core.errors import UserError
 
 OPTIMIZER_FIELDS = ("momentum_buffer", "exp_avg", "exp_avg_sq")
 BN_MODES = ("local", "average", "recompute")
@@ -65,7 +65,8 @@ class LocalSGD(DistAlgorithm):
     cfg: LocalSGDConfig
 
     @classmethod
-    def validate(cls, cfg: AlgoConfig, world_size: int, local_size: int) -> None:
+    def validate(cls, cfg: AlgoConfig, world_size: int, local_size: int,
+                 hyper: HyperParams = HyperParams()) -> None:
         assert isinstance(cfg, LocalSGDConfig)
         if cfg.sync_schedule not in SCHEDULES:
             raise UserError(f"algo.sync_schedule={cfg.sync_schedule!r} is not one of {', '.join(SCHEDULES)}")

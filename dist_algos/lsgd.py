@@ -40,13 +40,13 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from dist_algos import register_algorithm
-from dist_algos.base import AlgoConfig, DistAlgorithm, StepContext, TrainInfo
+from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, RankLayout, StepContext, TrainInfo
 from dist_algos.comm import allgather_bytes
 from dist_algos.consensus_eval import (EvalCopy, broadcast_model_, consensus_eval_ranks, consensus_model,
                                       validate_eval_choice)
 from dist_algos.flat import FlatBuffer, average_
 from dist_algos.leader_select import RunningLoss, choose_leader, gather_losses, pull_towards_
-from engine.errors import UserError
+from core.errors import UserError
 
 EVAL_MODELS = ("leader", "average", "local")
 MESSAGE_BYTES = 16  # (rank, running mean) as two float64
@@ -89,7 +89,8 @@ class LSGD(DistAlgorithm):
     cfg: LSGDConfig
 
     @classmethod
-    def validate(cls, cfg: LSGDConfig, world_size: int, local_size: int) -> None:
+    def validate(cls, cfg: LSGDConfig, world_size: int, local_size: int,
+                 hyper: HyperParams = HyperParams()) -> None:
         for key in ("loss_window", "local_period", "global_period"):
             if getattr(cfg, key) < 1:
                 raise UserError(f"algo.{key}={getattr(cfg, key)} must be at least 1")
@@ -105,8 +106,9 @@ class LSGD(DistAlgorithm):
                 raise UserError(f"algo.{key}={getattr(cfg, key)} must be in [0, 1]")
         validate_eval_choice(cfg.eval_model, EVAL_MODELS, cfg.bn_batches)
 
-    def eval_ranks(self) -> list[int]:
-        return consensus_eval_ranks(self.cfg.eval_model, self.ctx.world_size)
+    @classmethod
+    def layout(cls, cfg: AlgoConfig, world_size: int) -> RankLayout:
+        return RankLayout(train=tuple(range(world_size)), evaluate=tuple(consensus_eval_ranks(cfg.eval_model, world_size)))
 
     # ---- set-up -----------------------------------------------------------------------------
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: TrainInfo) -> None:

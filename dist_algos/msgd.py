@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dist_algos import register_algorithm
-from dist_algos.base import AlgoConfig, DistAlgorithm, StepContext
-from engine.errors import UserError
+from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, StepContext
+from core.errors import UserError
 
 
 @dataclass
@@ -24,7 +24,8 @@ class MSGD(DistAlgorithm):
     test_world_size = 1
 
     @classmethod
-    def validate(cls, cfg: MSGDConfig, world_size: int, local_size: int) -> None:
+    def validate(cls, cfg: MSGDConfig, world_size: int, local_size: int,
+                 hyper: HyperParams = HyperParams()) -> None:
         if world_size != 1:
             raise UserError(f"algo=msgd is the single-node momentum SGD baseline: set launch.nproc=1 "
                             f"(not {world_size})")

@@ -27,12 +27,12 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from dist_algos import register_algorithm
-from dist_algos.base import AlgoConfig, DistAlgorithm, StepContext, TrainInfo
+from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, StepContext, TrainInfo
 from dist_algos.consensus import average_model_, average_model_copy
 from dist_algos.flat import FlatBuffer
 from dist_algos.group_schedule import exponential_hops, exponential_peers
-from engine.distenv import DistContext
-from engine.errors import UserError
+from core.distenv import DistContext
+from core.errors import UserError
 
 
 @dataclass
@@ -49,7 +49,8 @@ class Sgp(DistAlgorithm):
     cfg: SgpConfig
 
     @classmethod
-    def validate(cls, cfg: SgpConfig, world_size: int, local_size: int) -> None:
+    def validate(cls, cfg: SgpConfig, world_size: int, local_size: int,
+                 hyper: HyperParams = HyperParams()) -> None:
         hops = exponential_hops(world_size)
         if cfg.num_peers < 1:
             raise UserError(f"algo.num_peers={cfg.num_peers} must be at least 1")

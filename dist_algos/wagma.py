@@ -42,14 +42,14 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from dist_algos import register_algorithm
-from dist_algos.base import AlgoConfig, DistAlgorithm, StepContext, TrainInfo
+from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, StepContext, TrainInfo
 from dist_algos.comm import allreduce_bytes
 from dist_algos.consensus import average_model_, average_model_copy
 from dist_algos.flat import FlatBuffer, average_
 from dist_algos.group_schedule import GroupSchedule, is_global_step, log2_exact
 from dist_algos.wait_avoiding import Round, WaitAvoidingAverager
-from engine.distenv import DistContext
-from engine.errors import UserError
+from core.distenv import DistContext
+from core.errors import UserError
 
 # Activation messages may be hours apart (a long evaluation between two steps): the signal
 # group's receives must not time out the way a stuck collective should.
@@ -75,7 +75,8 @@ class Wagma(DistAlgorithm):
     cfg: WagmaConfig
 
     @classmethod
-    def validate(cls, cfg: WagmaConfig, world_size: int, local_size: int) -> None:
+    def validate(cls, cfg: WagmaConfig, world_size: int, local_size: int,
+                 hyper: HyperParams = HyperParams()) -> None:
         if log2_exact(cfg.group_size) is None:
             raise UserError(f"algo.group_size={cfg.group_size} must be a power of two (1, 2, 4, 8, ...)")
         if log2_exact(world_size) is None:

@@ -1,54 +1,53 @@
 """Models behind one registry: `model.name` picks a builder, the other `model.*` keys are its
-keyword arguments (checked against its signature before launch). Input channels, resolution
-and number of classes come from the data config (`DataSpec`), never from the model config.
+keyword arguments. The builder's signature is the one source of the model's options and their
+defaults: `register_configs` hands it to Hydra as the `model=NAME` option, and the options are
+checked against it (names and simple types) before launch. Input channels, resolution and
+number of classes come from the data set (`core.spec.DataSpec`), never from the model config.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
 import torch.nn as nn
+from hydra.core.config_store import ConfigStore
 
-from data.config import DataSpec
-from engine.errors import UserError
+from core.registry import Registry
+from core.schema import check_kwargs, signature_defaults
+from core.spec import DataSpec
 
 Builder = Callable[..., nn.Module]
-_REGISTRY: dict[str, Builder] = {}
-_SPEC_ARGS = ("in_channels", "image_size", "num_classes")
+MODELS: Registry[Builder] = Registry("model", "model.name", packages=["models"])
+SPEC_ARGS = ("in_channels", "image_size", "num_classes")
 
 
 def register_model(name: str) -> Callable[[Builder], Builder]:
     """Register `fn(in_channels, image_size, num_classes, **options) -> nn.Module` as `name`."""
-
-    def deco(fn: Builder) -> Builder:
-        if name in _REGISTRY:
-            raise ValueError(f"model {name!r} registered twice")
-        _REGISTRY[name] = fn
-        return fn
-
-    return deco
+    return MODELS.register(name)
 
 
 def list_models() -> list[str]:
-    _load_all()
-    return sorted(_REGISTRY)
+    return MODELS.names()
 
 
-def _load_all() -> None:
-    from models import cifar_resnet, small_cnn, vision  # noqa: F401  (registration side effects)
+def model_options(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in cfg.items() if k != "name"}
 
 
 def check_model_config(cfg: dict[str, Any], spec: DataSpec) -> None:
-    from engine.config import check_kwargs
-
-    _load_all()
-    name = cfg.get("name")
-    if name not in _REGISTRY:
-        raise UserError(f"model.name={name!r} is not a model; choose one of {', '.join(sorted(_REGISTRY))}")
-    options = {k: v for k, v in cfg.items() if k != "name"}
-    check_kwargs("model", _REGISTRY[name], options, skip=_SPEC_ARGS)
+    """Unknown model names and options that are not the builder's keyword arguments (or have the
+    wrong simple type) are one line; values are checked by building (see `build_model`)."""
+    builder = MODELS.get(cfg.get("name"))
+    check_kwargs("model", builder, model_options(cfg), skip=SPEC_ARGS)
 
 
 def build_model(cfg: dict[str, Any], spec: DataSpec) -> nn.Module:
     check_model_config(cfg, spec)
-    options = {k: v for k, v in cfg.items() if k != "name"}
-    return _REGISTRY[cfg["name"]](spec.in_channels, spec.image_size, spec.num_classes, **options)
+    builder = MODELS.get(cfg["name"])
+    return builder(spec.in_channels, spec.image_size, spec.num_classes, **model_options(cfg))
+
+
+def register_configs() -> None:
+    """One Hydra option per model (`model=NAME`): its name and its builder's keyword defaults."""
+    store = ConfigStore.instance()
+    for name, builder in MODELS.items():
+        store.store(group="model", name=name, node={"name": name, **signature_defaults(builder, SPEC_ARGS)})

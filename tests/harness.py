@@ -41,7 +41,7 @@ def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, ar
     try:
         import torch.distributed as dist
 
-        from engine.distenv import init_distributed
+        from core.distenv import init_distributed
 
         init_distributed("gloo", timeout_s=float(env.get("SYNCOPT_TEST_TIMEOUT", 60)))
         result = fn(rank, world_size, *args)
@@ -64,7 +64,7 @@ def _context() -> Any:
         # torch._dynamo: every optimizer's constructor imports it on first use (10-20 s per rank
         # on a loaded machine, paid again in every run_ranks call unless the server holds it)
         _CTX.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "tests.harness",
-                                     "tests.plugin_harness", "engine.trainer", "dist_algos", "data.digits",
+                                     "tests.plugin_harness", "engine.train.trainer", "cli", "dist_algos", "data.digits",
                                      "sklearn.datasets"])
     return _CTX
 
@@ -97,25 +97,43 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 120.0,
         return results
 
 
-def compose(overrides: list[str], run_dir: str | Path) -> Any:
-    """A validated RunConfig from cli.py's config tree and these overrides."""
+def compose(overrides: list[str], run_dir: str | Path | None = None) -> Any:
+    """A validated RunConfig from cli.py's config tree and these overrides; a mistake is the
+    one-line `UserError` cli.py would print."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
-    from engine.config import load_run_config
+    from cli import one_line
+    from core.errors import UserError
+    from engine.config import load_run_config, register_schemas
 
+    register_schemas()
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=overrides)
-    return load_run_config(cfg, str(run_dir))
+    try:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = hydra_compose(config_name="config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise UserError(one_line(err)) from None
+    return load_run_config(cfg)
+
+
+def plan_in_rank(overrides: list[str], run_dir: str) -> Any:
+    """The run plan this rank's trainer gets (the world from the launched environment)."""
+    from core.distenv import init_distributed
+    from core.rundir import RunDir
+    from engine.plan import build_plan
+
+    cfg = compose(overrides + ["train.progress=false"], run_dir)
+    ctx = init_distributed(cfg.dist.backend, cfg.dist.timeout_s)
+    return build_plan(cfg, RunDir(Path(run_dir)), ctx.world_size, ctx.local_size), ctx
 
 
 def train_in_rank(rank: int, world_size: int, overrides: list[str], run_dir: str) -> Any:
     """Run the real trainer on this rank; returns the summary (reporting rank) or None."""
-    from engine.distenv import init_distributed
-    from engine.trainer import train_rank
+    from engine.train.trainer import train_rank
 
-    cfg = compose(overrides + ["train.progress=false"], run_dir)
-    ctx = init_distributed(cfg.dist.backend, cfg.dist.timeout_s)
-    return train_rank(cfg, ctx)
+    plan, ctx = plan_in_rank(overrides, run_dir)
+    return train_rank(plan, ctx)

@@ -79,20 +79,24 @@ def plugin_trajectory(rank: int, world: int, algo: str, overrides: dict[str, Any
                       loss_hook: Optional[Callable[[int, int], float]] = None) -> list[torch.Tensor]:
     """This rank's flat parameters after each of `steps` plugin steps."""
     from dist_algos import get_algorithm
-    from dist_algos.base import StepContext, TrainInfo
-    from engine.config import typed_section
-    from engine.distenv import init_distributed
+    from dist_algos.base import HyperParams, StepContext, TrainInfo
+    from core.schema import typed_section
+    from core.distenv import init_distributed
 
     ctx = init_distributed("gloo")
     cls = get_algorithm(algo)
     cfg = typed_section(cls.Config, {"name": algo, **overrides}, "algo")
-    cls.validate(cfg, world, ctx.local_size)
     plugin = cls(cfg, ctx)
     model = make_model(batch_norm=batch_norm)
     opt = make_optimizer(model, kind, lr)
     sched_lr = lr_at or (lambda s: opt.param_groups[0]["lr"])
+    group = opt.param_groups[0]
+    hyper = HyperParams(optimizer="sgd" if isinstance(opt, torch.optim.SGD) else "adamw", peak_lr=group["lr"],
+                        momentum=group.get("momentum", 0.0), nesterov=group.get("nesterov", False),
+                        weight_decay=group["weight_decay"])
+    cls.validate(cfg, world, ctx.local_size, hyper)
     info = TrainInfo(total_steps=steps, steps_per_epoch=steps, lr_at=sched_lr, warmup_steps=0,
-                     train_batches=lambda n: iter(()), forward=lambda m, x: m(x))
+                     train_batches=lambda n: iter(()), forward=lambda m, x: m(x), hyper=hyper)
     plugin.setup(model, opt, info)
     train_ranks = plugin.train_ranks()
     out = []

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine import checkpoint as ckpt
+from engine.checkpoint import files as ckpt
 
 
 def make(run: Path, step: int, files: dict[str, bytes], fixed: dict | None = None, manifest: bool = True) -> Path:

@@ -8,7 +8,7 @@ from dist_algos.compressors import (clip_by_norm_, dgc_, dgc_warmup_density, gra
                                     topk_per_layer)
 from dist_algos.param_server import wire
 from dist_algos.param_server.layout import partition
-from engine.errors import UserError
+from core.errors import UserError
 
 SIZES = [4, 6]
 

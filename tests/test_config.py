@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import UserError
+from core.errors import UserError
 from tests.harness import CONF, compose
 
 REPO = CONF.parent
@@ -62,8 +62,8 @@ def test_bad_values_name_the_key(override: str, fragment: str, tmp_path: Path) -
 
 
 def test_lr_schedule_shapes() -> None:
-    from engine.config import SchedConfig
-    from engine.optim import lr_factor_fn
+    from engine.train.optim import SchedConfig
+    from engine.train.optim import lr_factor_fn
 
     cos = lr_factor_fn(SchedConfig(name="cosine", warmup_steps=10, min_lr=0.01), 110, 10, 0.1)
     assert cos(0) == pytest.approx(0.1) and cos(9) == pytest.approx(1.0)

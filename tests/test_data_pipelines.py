@@ -297,7 +297,7 @@ def test_trainer_runs_and_resumes_bit_exactly(pipeline: str, data_root: str, tmp
 # ---- what a user sees when something is missing ----------------------------------------------
 def test_missing_prepared_files_name_the_command(tmp_path: Path) -> None:
     from data.preflight import check_data_on_disk
-    from engine.errors import UserError
+    from core.errors import UserError
 
     write_cifar(tmp_path / "cifar10", "cifar10", 8, 4)
     for pipeline, missing in (("ffcv", "ffcv/train.beton"), ("dali", "dali/train")):
@@ -311,7 +311,7 @@ def test_missing_prepared_files_name_the_command(tmp_path: Path) -> None:
 
 def test_prepared_digits_of_another_split_are_refused(data_root: str) -> None:
     from data.preflight import check_data_on_disk
-    from engine.errors import UserError
+    from core.errors import UserError
 
     check_data_on_disk(data_config("digits", "dali", data_root))
     with pytest.raises(UserError, match="force=true"):
@@ -322,7 +322,7 @@ def test_prepared_digits_of_another_split_are_refused(data_root: str) -> None:
 def test_missing_package_is_one_line(monkeypatch: pytest.MonkeyPatch, pipeline: str, package: str) -> None:
     import importlib.util
 
-    from engine.errors import UserError
+    from core.errors import UserError
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == package else real(n, *a))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import checkpoint as ckpt
+from engine.checkpoint import files as ckpt
 from tests.harness import free_port, run_ranks, train_in_rank
 from tests.test_cli import CLI, REPO, error_line, run_cli
 
@@ -128,14 +128,13 @@ def test_weights_only_loading_refuses_pickled_objects(tmp_path: Path) -> None:
 
 
 def init_from_scenario(rank: int, world: int, tmp: str) -> tuple[torch.Tensor, torch.Tensor]:
-    from engine.distenv import init_distributed
-    from engine.trainer import Trainer
-    from tests.harness import compose
+    from engine.train.trainer import Trainer
+    from tests.harness import plan_in_rank
 
     train_in_rank(rank, world, ["train.max_steps=8", "model.width=8"], f"{tmp}/source")
-    cfg = compose(["train.max_steps=8", "model.width=8", f"init_from={tmp}/source", "train.progress=false"], f"{tmp}/new")
-    trainer = Trainer(cfg, init_distributed())
-    trainer._resume()
+    plan, ctx = plan_in_rank(["train.max_steps=8", "model.width=8", f"init_from={tmp}/source"], f"{tmp}/new")
+    trainer = Trainer(plan, ctx)
+    trainer.restore()
     source = torch.load(Path(tmp) / "source/checkpoints/step_00000008/rank_0.pt", weights_only=True)["model"]
     got = torch.cat([v.reshape(-1).float() for v in trainer.model.state_dict().values()])
     want = torch.cat([v.reshape(-1).float() for v in source.values()])

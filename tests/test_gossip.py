@@ -18,7 +18,7 @@ import time
 import torch.nn as nn
 
 from dist_algos.group_schedule import bipartite_partner, exponential_peers, ring_neighbours
-from engine.errors import UserError
+from core.errors import UserError
 from tests.harness import run_ranks
 from tests.plugin_harness import flat_params, grad_step, make_workers, plugin_trajectory, worker_batch
 
@@ -42,8 +42,8 @@ def adpsgd_async_run(rank: int, world: int) -> dict[str, Any]:
     Returns each rank's weights before and after, with everything pending applied."""
     from dist_algos import get_algorithm
     from dist_algos.base import StepContext, TrainInfo
-    from engine.config import typed_section
-    from engine.distenv import init_distributed
+    from core.schema import typed_section
+    from core.distenv import init_distributed
 
     ctx = init_distributed("gloo")
     cls = get_algorithm("adpsgd")

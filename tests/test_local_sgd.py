@@ -66,8 +66,8 @@ def run_variants(rank: int, world: int, variants: list[dict[str, Any]]) -> dict[
     from dist_algos import get_algorithm
     from dist_algos.base import StepContext, TrainInfo
     from dist_algos.flat import FlatBuffer, average_
-    from engine.config import typed_section
-    from engine.distenv import init_distributed
+    from core.schema import typed_section
+    from core.distenv import init_distributed
 
     ctx = init_distributed("gloo")
     # PyTorch's averager test: rank r holds r + i; the bucketed average must be the exact mean
@@ -278,7 +278,7 @@ def test_h_changes_only_right_after_an_average() -> None:
     """One process (world of one): with the LR falling every step, H is re-decided at syncs only."""
     from dist_algos import get_algorithm
     from dist_algos.base import StepContext, TrainInfo
-    from engine.distenv import DistContext
+    from core.distenv import DistContext
 
     cls = get_algorithm("local_sgd")
     cfg = cls.Config(sync_schedule="qsr", period=2, warmup_period=3, alpha=0.1)
@@ -312,7 +312,7 @@ def test_h_changes_only_right_after_an_average() -> None:
 ])
 def test_bad_settings_are_one_line_user_errors(override: dict[str, Any], message: str) -> None:
     from dist_algos import get_algorithm
-    from engine.errors import UserError
+    from core.errors import UserError
 
     cls = get_algorithm("local_sgd")
     with pytest.raises(UserError, match=message) as err:
@@ -322,7 +322,7 @@ def test_bad_settings_are_one_line_user_errors(override: dict[str, Any], message
 
 def test_optimizer_fields_must_exist_in_the_optimizer() -> None:
     from dist_algos.local_sgd import check_optimizer_fields
-    from engine.errors import UserError
+    from core.errors import UserError
 
     model = make_model()
     with pytest.raises(UserError, match="exp_avg needs optim=adamw"):

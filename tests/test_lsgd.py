@@ -118,8 +118,8 @@ def build(rank: int, algo: str, overrides: dict[str, Any], steps: int,
     if `saved`, loaded before set-up; the plugin's own state after)."""
     from dist_algos import get_algorithm
     from dist_algos.base import TrainInfo
-    from engine.config import typed_section
-    from engine.distenv import init_distributed
+    from core.schema import typed_section
+    from core.distenv import init_distributed
     from tests.plugin_harness import make_model, make_optimizer
 
     ctx = init_distributed("gloo")

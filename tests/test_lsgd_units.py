@@ -10,8 +10,8 @@ import torch
 from dist_algos.easgd import EASGD, EASGDConfig, elastic_update_
 from dist_algos.leader_select import RunningLoss, choose_leader, pull_towards_
 from dist_algos.lsgd import LSGD, LSGDConfig, local_leader_active, partition, resolve_group_size
-from engine.distenv import DistContext
-from engine.errors import UserError
+from core.distenv import DistContext
+from core.errors import UserError
 
 
 def context(world: int, rank: int = 0, local_size: int = 2) -> DistContext:

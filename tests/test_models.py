@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from data.config import DataSpec
+from core.spec import DataSpec
 from models import build_model, list_models
 
 SPECS = {"small_cnn": DataSpec(1, 8, 10), "vit_small": DataSpec(3, 32, 100), "vit_b_16": DataSpec(3, 224, 1000)}

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import UserError
-from engine.hostfile import node_plan, read_hostfile, select_hosts
-from engine.launch import RankWatch, _no_ssh_plan, _wait_for_node0, multi_node_command, run_launcher
-from engine.launch_config import load_launch_config
-from engine.remote import exported_env, probe_hosts, write_deepspeed_env
+from core.errors import UserError
+from engine.launch.config import load_launch_config
+from engine.launch.hostfile import node_plan, read_hostfile, select_hosts
+from engine.launch.launcher import RankWatch, _no_ssh_plan, _wait_for_node0, multi_node_command, run_launcher
+from engine.launch.remote import exported_env, probe_hosts, write_deepspeed_env
 
 pytestmark = pytest.mark.multinode
 
@@ -101,7 +101,7 @@ def test_plan_numbers_ranks_host_by_host(tmp_path: Path) -> None:
     ({"launcher": "torchrun"}, "a slots=2\n", "use launch.launcher=deepspeed"),
 ])
 def test_bad_launch_input_is_one_line(overrides: dict, hostfile: str, message: str, tmp_path: Path) -> None:
-    from engine.launch_config import launch_shape
+    from engine.launch.config import launch_shape
 
     path = tmp_path / "hostfile"
     path.write_text(hostfile)
@@ -200,7 +200,7 @@ def test_unreachable_host_is_one_line_before_launch(tmp_path: Path) -> None:
 
 
 def test_probe_names_a_host_without_this_python_and_a_busy_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The checks of engine.remote on what ssh returns (a stand-in `ssh` runs the command here)."""
+    """The checks of engine.launch.remote on what ssh returns (a stand-in `ssh` runs the command here)."""
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "ssh").write_text("#!/bin/sh\nwhile [ $# -gt 1 ]; do shift; done\nexec sh -c \"$1\"\n")

@@ -34,14 +34,15 @@ SPARSE_ALGOS = ("gradient_dropping", "dgc", "dgs")
 def build(rank: int, world: int, algo: str, overrides: dict[str, Any], momentum: float, width: int,
           batch_norm: bool) -> tuple[Any, torch.nn.Module, torch.optim.Optimizer]:
     from dist_algos import get_algorithm
-    from dist_algos.base import TrainInfo
-    from engine.config import typed_section
-    from engine.distenv import init_distributed
+    from core.distenv import init_distributed
+    from core.schema import typed_section
+    from dist_algos.base import HyperParams, TrainInfo
 
     ctx = init_distributed("gloo")
     cls = get_algorithm(algo)
     cfg = typed_section(cls.Config, {"name": algo, **overrides}, "algo")
-    cls.validate(cfg, world, ctx.local_size)
+    hyper = HyperParams(optimizer="sgd", peak_lr=LR, momentum=momentum, weight_decay=WD)
+    cls.validate(cfg, world, ctx.local_size, hyper)
     plugin = cls(cfg, ctx)
     torch.manual_seed(0)
     from models.small_cnn import small_cnn
@@ -49,7 +50,7 @@ def build(rank: int, world: int, algo: str, overrides: dict[str, Any], momentum:
     model = small_cnn(1, 8, 10, width=width, batch_norm=batch_norm) if width != 4 else make_model(batch_norm=batch_norm)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum, weight_decay=WD)
     info = TrainInfo(total_steps=STEPS, steps_per_epoch=STEPS, lr_at=lambda s: LR, warmup_steps=0,
-                     train_batches=lambda n: iter(()), forward=lambda m, x: m(x))
+                     train_batches=lambda n: iter(()), forward=lambda m, x: m(x), hyper=hyper)
     plugin.setup(model, opt, info)
     return plugin, model, opt
 

@@ -94,7 +94,8 @@ def test_every_shipped_table_composes_row_by_row(name: str, tmp_path: Path) -> N
     from hydra.core.global_hydra import GlobalHydra
 
     import cli  # registers the table schema
-    from engine.tables import describe_row, load_table, row_args, row_dir
+    from engine.tables.config import load_table, row_args, row_dir
+    from engine.tables.runner import describe_row
     from tests.harness import CONF
 
     assert cli.register_schemas

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from dist_algos.group_schedule import GroupSchedule, is_global_step
-from engine.errors import UserError
+from core.errors import UserError
 from tests.harness import run_ranks
 from tests.plugin_harness import flat_params, grad_step, make_workers, plugin_trajectory, worker_batch
 
@@ -73,8 +73,8 @@ def wait_avoiding_run(rank: int, world: int, group_size: int, steps: int) -> dic
     record the weights right after every global average (before the local update)."""
     from dist_algos import get_algorithm
     from dist_algos.base import StepContext, TrainInfo
-    from engine.config import typed_section
-    from engine.distenv import init_distributed
+    from core.schema import typed_section
+    from core.distenv import init_distributed
 
     ctx = init_distributed("gloo")
     cls = get_algorithm("wagma")

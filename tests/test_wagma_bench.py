@@ -10,8 +10,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import imbalance as bench  # noqa: E402
 
-from engine.config import ImbalanceConfig  # noqa: E402
-from engine.imbalance import ImbalanceInjector  # noqa: E402
+from engine.train.imbalance import ImbalanceConfig  # noqa: E402
+from engine.train.imbalance import ImbalanceInjector  # noqa: E402
 
 
 def test_ideal_ratio_by_hand() -> None:
@@ -25,7 +25,7 @@ def test_ideal_ratio_by_hand() -> None:
 
 def test_replay_is_the_injectors_schedule(monkeypatch: pytest.MonkeyPatch) -> None:
     slept: list[float] = []
-    monkeypatch.setattr("engine.imbalance.time.sleep", slept.append)
+    monkeypatch.setattr("engine.train.imbalance.time.sleep", slept.append)
     cfg = ImbalanceConfig(delay_ms=7.0, prob=0.2, seed=5)
     replayed = bench.replay(3, 50, cfg, 0.01)
     for rank in range(3):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.errors import UserError
+from core.errors import UserError
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,12 @@ workers only. Per step a worker turns its gradient into one push per server (the
 the replies and applies them to its model: a worker's model changes only through the servers'
 replies. No barrier between workers: each server applies pushes as they arrive (`server.py`).
 
-Hyper-parameters come from the run's SGD optimizer, which these plugins never step themselves:
-the learning rate is the scheduled one of the step (`StepContext.lr`), weight decay and momentum
-are `optim.weight_decay` and `optim.momentum`. The update is computed here, so `train.grad_clip`
-(applied by `ctx.optimizer_step`, which is not called) does not apply; DGC has its own local
-clipping (`algo.clip_norm`). fp16 loss scaling is not supported (use bf16 or fp32).
+Hyper-parameters come from the run's `optim` section as plain numbers (`TrainInfo.hyper`; the
+local optimizer is never stepped): the learning rate is the scheduled one of the step
+(`StepContext.lr`), weight decay and momentum are `optim.weight_decay` and `optim.momentum`, and
+`train.grad_clip` clips this worker's gradient (global L2 norm, torch's rule) before the update is
+formed. DGC has its own local clipping besides (`algo.clip_norm`). fp16 loss scaling is not
+supported (use bf16 or fp32).
 
 Transport (`wire.py`): every server-worker pair has its own process groups (created identically on
 every rank), so the server's threads and the main threads' collectives (evaluation, checkpoint
@@ -32,12 +33,13 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from dist_algos.base import AlgoConfig, DistAlgorithm, Role, StepContext, TrainInfo
+from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, RankLayout, Role, StepContext, TrainInfo
+from dist_algos.compressors import clip_by_norm_
 from dist_algos.flat import FlatBuffer, flat_grads
 from dist_algos.param_server import wire
 from dist_algos.param_server.layout import Shard, partition
 from dist_algos.param_server.server import Server, ServerState
-from engine.errors import UserError
+from core.errors import UserError
 
 log = logging.getLogger("syncopt")
 
@@ -84,7 +86,8 @@ class ParamServerAlgorithm(DistAlgorithm):
 
     # ---- validation ---------------------------------------------------------------------------
     @classmethod
-    def validate(cls, cfg: ParamServerConfig, world_size: int, local_size: int) -> None:
+    def validate(cls, cfg: ParamServerConfig, world_size: int, local_size: int,
+                 hyper: HyperParams = HyperParams()) -> None:
         if cfg.servers < 1:
             raise UserError(f"algo.servers={cfg.servers} must be at least 1")
         if world_size - cfg.servers < 1:
@@ -104,23 +107,26 @@ class ParamServerAlgorithm(DistAlgorithm):
         downlink = getattr(cfg, "downlink", None)
         if downlink is not None and downlink not in DOWNLINKS:
             raise UserError(f"algo.downlink={downlink!r} is not one of {', '.join(DOWNLINKS)}")
+        cls._check_hyper(cfg, hyper)
 
     @classmethod
-    def num_train_ranks(cls, cfg: ParamServerConfig, world_size: int) -> int:
-        return world_size - cfg.servers
+    def _check_hyper(cls, cfg: ParamServerConfig, hyper: HyperParams) -> None:
+        if hyper.optimizer != "sgd":
+            raise UserError(f"algo={cfg.name} computes its own SGD-type update: use optim=sgd (not "
+                            f"{hyper.optimizer}); optim.momentum and optim.weight_decay are read from it")
+        if hyper.nesterov:
+            raise UserError(f"algo={cfg.name} has no Nesterov variant: set optim.nesterov=false")
+        if cls.momentum_required and hyper.momentum <= 0:
+            raise UserError(f"algo={cfg.name} needs optim.momentum > 0 ({cls.momentum_required})")
+
+    @classmethod
+    def layout(cls, cfg: ParamServerConfig, world_size: int) -> RankLayout:
+        """Ranks 0..servers-1 serve (and evaluate the global model); the others train."""
+        return RankLayout(train=tuple(range(cfg.servers, world_size)), evaluate=tuple(range(cfg.servers)))
 
     # ---- roles --------------------------------------------------------------------------------
     def server_ranks(self) -> list[int]:
         return list(range(self.cfg.servers))
-
-    def train_ranks(self) -> list[int]:
-        return list(range(self.cfg.servers, self.ctx.world_size))
-
-    def role(self) -> Role:
-        return Role.SERVER if self.ctx.rank < self.cfg.servers else Role.WORKER
-
-    def eval_ranks(self) -> list[int]:
-        return self.server_ranks()
 
     @property
     def downlink(self) -> str:
@@ -133,7 +139,7 @@ class ParamServerAlgorithm(DistAlgorithm):
     # ---- set-up -------------------------------------------------------------------------------
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: TrainInfo) -> None:
         super().setup(model, optimizer, info)
-        self._read_optimizer(optimizer)
+        self._read_hyper(info.hyper)
         params = [p for p in model.parameters() if p.requires_grad]
         flat = FlatBuffer(params)
         if len(flat.buffers) != 1:
@@ -169,25 +175,13 @@ class ParamServerAlgorithm(DistAlgorithm):
         period = getattr(self.cfg, "resync_period", None)
         return period or REFERENCE_RESYNC_PUSHES * len(self.train_ranks())
 
-    def _read_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        """Weight decay, momentum and the peak LR, from the run's (unstepped) SGD optimizer."""
-        if not isinstance(optimizer, torch.optim.SGD):
-            raise UserError(f"algo={self.cfg.name} computes its own SGD-type update: use optim=sgd "
-                            f"(not {type(optimizer).__name__}); optim.momentum and optim.weight_decay are read from it")
-        groups = optimizer.param_groups
-        keys = ("weight_decay", "momentum", "nesterov")
-        if any(g[k] != groups[0][k] for g in groups for k in keys):
-            raise UserError(f"algo={self.cfg.name} needs one weight decay and momentum for all parameters")
-        if groups[0]["nesterov"]:
-            raise UserError(f"algo={self.cfg.name} has no Nesterov variant: set optim.nesterov=false")
-        if self.momentum_required and groups[0]["momentum"] <= 0:
-            raise UserError(f"algo={self.cfg.name} needs optim.momentum > 0 ({self.momentum_required})")
-        # The trainer's scheduler still sets the LR these plugins read, but the optimizer itself is
-        # never stepped: tell LambdaLR so, or it warns that the schedule skips its first value.
-        optimizer._opt_called = True  # type: ignore[attr-defined]
-        self.weight_decay = float(groups[0]["weight_decay"])
-        self.momentum = float(groups[0]["momentum"])
-        self.peak_lr = float(groups[0].get("initial_lr", groups[0]["lr"]))
+    def _read_hyper(self, hyper: HyperParams) -> None:
+        """Weight decay, momentum, the peak LR and the gradient clip, from the run's optim section
+        (these plugins compute their own update; the local optimizer is never stepped)."""
+        self.weight_decay = hyper.weight_decay
+        self.momentum = hyper.momentum
+        self.peak_lr = hyper.peak_lr
+        self.grad_clip = hyper.grad_clip
 
     def _connect(self) -> dict[int, wire.Channel]:
         """A gloo control group and a data group per (server, worker) pair, made on every rank in
@@ -229,6 +223,8 @@ class ParamServerAlgorithm(DistAlgorithm):
 
     def step(self, ctx: StepContext) -> None:
         with torch.no_grad():
+            if self.grad_clip:
+                clip_by_norm_(self.grad, self.grad_clip)
             pushes = self.make_pushes(ctx)
             if self.bn_buffers:
                 pushes[0].buffers = torch.cat([b.detach().reshape(-1).float() for b in self.bn_buffers])

@@ -36,7 +36,7 @@ from dist_algos.comm import CommStats
 from dist_algos.compressors import topk_per_layer
 from dist_algos.param_server import wire
 from dist_algos.param_server.layout import Shard
-from engine.errors import UserError
+from core.errors import UserError
 
 log = logging.getLogger("syncopt")
 

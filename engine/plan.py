@@ -1,0 +1,108 @@
+"""The run plan: everything decided from the config and the world before training starts.
+
+`build_plan` is the one place a run is planned: the algorithm and its validation, which ranks
+train and evaluate, the per-rank, micro and global batch, the peak learning rate, what a resume
+must keep, and the checkpoints it may resume from. cli.py builds it before launching
+(`preflight`, so that a mistake is one line and nothing starts), and every rank builds the same
+plan from the same config and its real world, then hands it to the trainer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from omegaconf import DictConfig
+
+from core.errors import UserError
+from core.rundir import RunDir
+from core.spec import DataSpec
+from data import check_data_on_disk, data_spec, num_train_samples
+from dist_algos import get_algorithm
+from dist_algos.base import DistAlgorithm, HyperParams, RankLayout
+from engine.checkpoint.files import Manifest
+from engine.checkpoint.resume import init_source, resume_candidates
+from engine.config import RunConfig, load_run_config
+from engine.launch.config import Launcher, launch_shape
+from engine.train.optim import hyper_params, peak_lr
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    per_rank: int  # samples per training rank and optimizer step
+    micro: int  # samples per forward/backward (gradient accumulation below per_rank)
+    global_batch: int  # samples per optimizer step over all training ranks
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    config: RunConfig
+    run_dir: RunDir
+    world_size: int
+    ranks_per_node: int
+    algo: type[DistAlgorithm]
+    layout: RankLayout
+    batch: BatchPlan
+    spec: DataSpec
+    hyper: HyperParams
+    resume_keys: dict[str, Any]  # settings a resumed run must share with its checkpoint
+    resume_from: tuple[Manifest, ...]  # candidates, newest first; the ranks agree on an intact one
+    init_from: Optional[Manifest]  # a checkpoint whose model starts a fresh run
+
+    @property
+    def num_train_ranks(self) -> int:
+        return len(self.layout.train)
+
+
+def plan_batch(train: Any, n_train: int) -> BatchPlan:
+    if train.global_batch_size is not None:
+        if train.global_batch_size % n_train:
+            raise UserError(f"train.global_batch_size={train.global_batch_size} is not divisible by the "
+                            f"{n_train} training ranks; change it or launch.nproc")
+        per_rank = train.global_batch_size // n_train
+    else:
+        per_rank = train.batch_size
+    micro = train.micro_batch_size or per_rank
+    if per_rank % micro:
+        raise UserError(f"train.micro_batch_size={micro} must divide the per-rank batch {per_rank}"
+                        + ("" if train.global_batch_size else f" (train.batch_size={per_rank})"))
+    return BatchPlan(per_rank=per_rank, micro=micro, global_batch=per_rank * n_train)
+
+
+def resume_keys(config: RunConfig, world_size: int, algo: type[DistAlgorithm]) -> dict[str, Any]:
+    """Settings a resumed run must share with its checkpoint (anything else may be overridden)."""
+    return {"world_size": world_size, "model": config.model, "data": config.data.name,
+            "algo_family": algo.family or config.algo.name}
+
+
+def build_plan(config: RunConfig, run_dir: RunDir, world_size: int, ranks_per_node: int) -> RunPlan:
+    """Plan the run for this world; `UserError` (one line) for anything that cannot work."""
+    algo = get_algorithm(config.algo.name)
+    layout = algo.layout(config.algo, world_size)
+    batch = plan_batch(config.train, max(len(layout.train), 1))
+    hyper = hyper_params(config.optim, peak_lr(config.optim, batch.global_batch), config.train.grad_clip)
+    algo.validate(config.algo, world_size, ranks_per_node, hyper)
+    samples = num_train_samples(config.data)
+    if samples is not None and batch.global_batch > samples:
+        raise UserError(f"launch.nproc={world_size}: {len(layout.train)} training ranks x batch {batch.per_rank} "
+                        f"is more than the {samples} training samples of {config.data.name}; use fewer ranks "
+                        "or a smaller batch")
+    keys = resume_keys(config, world_size, algo)
+    candidates = tuple(resume_candidates(config.resume, run_dir, keys))
+    return RunPlan(config=config, run_dir=run_dir, world_size=world_size, ranks_per_node=ranks_per_node,
+                   algo=algo, layout=layout, batch=batch, spec=data_spec(config.data), hyper=hyper,
+                   resume_keys=keys, resume_from=candidates,
+                   init_from=None if candidates else init_source(config.init_from))
+
+
+def preflight(raw: DictConfig, run_dir: RunDir) -> RunPlan:
+    """Every check that can be made before launching: the config's types, names and ranges, the
+    world size against the algorithm and the data set, the data on disk, and the checkpoint a
+    resume would load. Returns the plan for the launched world."""
+    config = load_run_config(raw)
+    world, per_node = launch_shape(config.launch)
+    if config.launch.launcher == Launcher.none and config.launch.nproc != 1:
+        raise UserError(f"launch.launcher=none trains in this one process; set launch.nproc=1 "
+                        f"(not {config.launch.nproc}) or pick launch.launcher=deepspeed")
+    plan = build_plan(config, run_dir, world, per_node)
+    check_data_on_disk(config.data)
+    return plan

@@ -1,0 +1,89 @@
+"""Entry point of one launched rank (or of a single-process run): set up, train, report.
+
+Everything a rank does before training that can fail on bad input raises `UserError`, which is
+printed once (by rank 0) as one line, with exit code 2; other ranks exit with the same code
+silently, and the launcher stops the job. A rank that fails unexpectedly logs its traceback to
+`logs/rank_<r>.log` and leaves `logs/rank_<r>.error` with the one-line reason, which cli.py
+quotes when it reports the failed job.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from core.distenv import init_distributed, shutdown_distributed
+from core.errors import USER_ERROR_EXIT, UserError
+from core.rundir import RunDir
+from engine.config import load_run_config
+from engine.plan import build_plan
+from engine.train.trainer import train_rank
+
+
+def setup_logging(run_dir: RunDir, rank: int, console: bool) -> None:
+    run_dir.logs.mkdir(parents=True, exist_ok=True)
+    fmt = logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(message)s")
+    root = logging.getLogger("syncopt")
+    root.setLevel(logging.INFO)
+    root.handlers.clear()
+    fh = logging.FileHandler(run_dir.rank_log(rank))
+    fh.setFormatter(fmt)
+    root.addHandler(fh)
+    sh = logging.StreamHandler(sys.stderr)
+    sh.setFormatter(logging.Formatter("%(message)s" if console else f"[rank {rank}] %(levelname)s %(message)s"))
+    sh.setLevel(logging.INFO if console else logging.WARNING)
+    root.addHandler(sh)
+    root.propagate = False
+
+
+def agree_run_dir(run_dir: str) -> str:
+    """All ranks use rank 0's run directory (ranks started by hand resolve ${now:} each)."""
+    if dist.get_world_size() == 1:
+        return run_dir
+    box = [run_dir]
+    dist.broadcast_object_list(box, src=0)
+    mine = Path(run_dir)
+    if box[0] != run_dir and mine.is_dir() and {p.name for p in mine.iterdir()} <= {".hydra"}:
+        shutil.rmtree(mine, ignore_errors=True)  # what Hydra made for this rank's own ${now:}
+    return box[0]
+
+
+def main(raw_cfg: Any, run_dir: str) -> int:
+    """Train as this process's rank; returns the exit code."""
+    rank = int(os.environ.get("RANK", "0"))
+    rundir = RunDir(Path(run_dir))
+    try:
+        cfg = load_run_config(raw_cfg)
+        if "OMP_NUM_THREADS" in os.environ:
+            torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        ctx = init_distributed(cfg.dist.backend, cfg.dist.timeout_s)
+        rundir = RunDir(Path(agree_run_dir(run_dir)))
+        rundir.root.mkdir(parents=True, exist_ok=True)
+        setup_logging(rundir, ctx.rank, console=ctx.rank == 0)
+        rundir.rank_pid(ctx.rank).write_text(f"{os.getpid()} {os.uname().nodename}\n")
+        rundir.rank_error(ctx.rank).unlink(missing_ok=True)
+        plan = build_plan(cfg, rundir, ctx.world_size, ctx.local_size)
+        train_rank(plan, ctx)
+        shutdown_distributed()
+        return 0
+    except UserError as err:
+        if rank == 0:
+            print(f"syncopt: error: {err}", file=sys.stderr, flush=True)
+        return USER_ERROR_EXIT
+    except Exception as err:  # an unexpected failure: keep the evidence, name the rank
+        line = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        logging.getLogger("syncopt").error("rank %d failed: %s\n%s", rank, line, traceback.format_exc())
+        try:
+            rundir.logs.mkdir(parents=True, exist_ok=True)
+            rundir.rank_error(rank).write_text(line + "\n")
+        except OSError:
+            pass
+        print(f"syncopt: rank {rank} failed: {line}", file=sys.stderr, flush=True)
+        return 1

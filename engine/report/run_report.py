@@ -1,0 +1,118 @@
+"""What the reporting rank shows and writes while a run trains: the progress bar, one
+metrics.jsonl line per log step and per evaluation (and wandb), and at the end summary.json,
+the plots and the one-screen summary. It reads the shared `TrainState` and the run's fixed
+`RunFacts`, never the trainer."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from core.rundir import RunDir
+from engine.report.metrics import LoggerConfig, Reporter, read_metrics
+from engine.report.plots import plot_run, plot_series
+from engine.report.summary import print_summary
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a run is, fixed once it is built (the summary's and the progress bar's facts)."""
+
+    algo: str
+    model: str
+    data: str
+    pipeline: str
+    seed: int
+    world_size: int
+    train_ranks: int
+    global_batch: int
+    peak_lr: float
+    total_steps: int
+    steps_per_epoch: int
+
+
+def write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str))
+    tmp.replace(path)
+
+
+class RunReport:
+    def __init__(self, run_dir: RunDir, raw: DictConfig, logger: LoggerConfig, log_every: int,
+                 progress: bool, facts: RunFacts, state: Any, plot_keys: list[str]) -> None:
+        self.run_dir, self.facts, self.log_every, self.plot_keys = run_dir, facts, log_every, plot_keys
+        run_dir.config.write_text(OmegaConf.to_yaml(raw, resolve=True))
+        run_dir.stopped.unlink(missing_ok=True)
+        self.reporter = Reporter(run_dir, logger, OmegaConf.to_container(raw, resolve=True), state.resumed_from)
+        self._loss = torch.zeros((), dtype=torch.float64)
+        self._correct = self._seen = self._window_samples = 0
+        self._window_t = time.perf_counter()
+        self.bar = None
+        if progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=facts.total_steps, initial=state.step, desc=facts.algo, unit="step",
+                            file=sys.stderr, dynamic_ncols=True, leave=True)
+
+    def train_batch(self, loss: torch.Tensor, correct: torch.Tensor, n: int) -> None:
+        self._loss += loss.detach().double().cpu() * n
+        self._correct += int(correct)
+        self._seen += n
+
+    def after_step(self, state: Any, lr: float, trained: bool, metrics: dict[str, float]) -> None:
+        """`trained`: this rank took a training step (the window counts the global batch)."""
+        self._window_samples += self.facts.global_batch if trained else 0
+        if self.bar is not None:
+            self.bar.update(1)
+        if state.step % self.log_every and state.step != self.facts.total_steps:
+            return
+        now = time.perf_counter()
+        sps = self._window_samples / max(now - self._window_t, 1e-9)
+        record: dict[str, Any] = {
+            "kind": "train", "step": state.step, "epoch": self._epoch(state), "lr": lr,
+            "loss": (self._loss / max(self._seen, 1)).item(), "acc": self._correct / max(self._seen, 1),
+            "samples_per_s": sps, **metrics,
+        }
+        self.reporter.log(record)
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record['acc']:.3f}", sps=f"{sps:.0f}",
+                                 refresh=False)
+        self._loss.zero_()
+        self._correct = self._seen = self._window_samples = 0
+        self._window_t = now
+
+    def _epoch(self, state: Any) -> float:
+        return round(state.step / max(self.facts.steps_per_epoch, 1), 4)
+
+    def after_eval(self, state: Any, result: dict[str, float], comm: dict[str, float]) -> None:
+        self.reporter.log({"kind": "eval", "step": state.step, "epoch": self._epoch(state), **result, **comm})
+        if self.bar is not None:
+            self.bar.write(f"step {state.step}: test_acc {result['test_acc']:.4f}  test_loss {result['test_loss']:.4f}")
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        write_json(self.run_dir.summary, summary)
+        self.reporter.finish(summary)
+        records = read_metrics(self.run_dir.metrics)
+        f = self.facts
+        title = f"{f.algo} / {f.model} / {f.data} ({f.world_size} ranks)"
+        plot_run(records, self.run_dir.curves, title)
+        series = [k for k in self.plot_keys if any(k in r for r in records)]
+        if series:
+            plot_series(records, ["lr", *series], self.run_dir.schedule_plot(f.algo), title)
+        print_summary(summary, self.run_dir.root)
+
+    def close(self, stopped: Optional[str]) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        self.reporter.close()
+        if stopped is not None:
+            write_json(self.run_dir.stopped, {"reason": stopped, "time": time.time()})

@@ -1,0 +1,76 @@
+"""The run's summary: every rank's communication and plugin records gathered, combined into
+summary.json's numbers on the reporting rank, and printed as one screen."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch.distributed as dist
+
+
+def gather_summary(mine: dict[str, Any], world_size: int, reporting: bool, result: dict[str, float],
+                   state: Any, facts: Any, best_metric: str,
+                   merge_algo: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """A collective: every rank hands in `mine` ({rank, worker, comm, algo, imbalance_s}); the
+    reporting rank gets the summary, the others None."""
+    every: list[Any] = [None] * world_size
+    dist.all_gather_object(every, mine)
+    if not reporting:
+        return None
+    workers = [e for e in every if e["worker"]]
+    syncs = [e["comm"]["syncs"] for e in workers]
+    summary: dict[str, Any] = {
+        **result,
+        "best_test_acc": max(state.best or 0.0, result.get("test_acc", 0.0)) if best_metric == "test_acc" else state.best,
+        "best_step": state.best_step,
+        "steps": state.step,
+        "epochs": state.step / max(facts.steps_per_epoch, 1),
+        "wall_s": round(state.elapsed(), 3),
+        "train_s": round(state.train_seconds, 3),
+        "samples_per_s": state.samples_seen / state.train_seconds if state.train_seconds else 0.0,
+        "world_size": facts.world_size,
+        "train_ranks": facts.train_ranks,
+        "global_batch": facts.global_batch,
+        "peak_lr": facts.peak_lr,
+        "algo": facts.algo,
+        "model": facts.model,
+        "data": facts.data,
+        "pipeline": facts.pipeline,
+        "seed": facts.seed,
+        "syncs": int(round(sum(syncs) / len(syncs))) if syncs else 0,
+        "comm_bytes": int(sum(e["comm"]["comm_bytes"] for e in every)),
+        "comm_recv_bytes": int(sum(e["comm"]["comm_recv_bytes"] for e in every)),
+        "comm_s": max(e["comm"]["comm_s"] for e in every),
+        "imbalance_s": [round(e["imbalance_s"], 3) for e in every],
+        "resumed_from": state.resumed_from,
+    }
+    algo_summary = merge_algo([e["algo"] for e in every])
+    if algo_summary:
+        summary["algo_stats"] = algo_summary
+    return summary
+
+
+def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
+    """A compact table of the run's results on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"syncopt: {summary['algo']} on {summary['data']}", show_header=False, box=None)
+    top5 = f"  (top-5 {summary['test_top5']:.4f})" if "test_top5" in summary else ""
+    rows = [
+        ("test accuracy", f"{summary['test_acc']:.4f}{top5}"),
+        ("best test accuracy", f"{summary['best_test_acc']:.4f}"),
+        ("test loss", f"{summary['test_loss']:.4f}"),
+        ("steps / epochs", f"{summary['steps']} / {summary['epochs']:.2f}"),
+        ("ranks (training)", f"{summary['world_size']} ({summary['train_ranks']})"),
+        ("global batch / peak lr", f"{summary['global_batch']} / {summary['peak_lr']:g}"),
+        ("throughput", f"{summary['samples_per_s']:.0f} samples/s"),
+        ("synchronisations per worker", str(summary["syncs"])),
+        ("communicated", f"{summary['comm_bytes'] / 1e6:.2f} MB sent (all ranks), {summary['comm_s']:.2f} s"),
+        ("wall time", f"{summary['wall_s']:.1f} s"),
+        ("run directory", str(run_dir)),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    Console(file=sys.stdout, width=100).print(table)

@@ -1,0 +1,84 @@
+"""Evaluation on the test set, sharded over the evaluating ranks and summed over all ranks, and
+the evaluation cadence of a run (`Evaluator`)."""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@torch.no_grad()
+def evaluate(model: Optional[nn.Module], batches: Any, forward: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+             device: torch.device, num_classes: int, group: Optional[dist.ProcessGroup] = None) -> dict[str, float]:
+    """Top-1 (and top-5 with more than 5 classes) accuracy and mean loss over the whole test set.
+
+    Every rank calls this (a collective); ranks that do not evaluate pass `model=None` and add
+    zeros. `batches` yields this rank's slice of the test set.
+    """
+    sums = torch.zeros(4, dtype=torch.float64)  # loss, top1, top5, count
+    if model is not None:
+        was_training = model.training
+        model.eval()
+        for x, y in batches:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            logits = forward(model, x).float()
+            sums[0] += F.cross_entropy(logits, y, reduction="sum").item()
+            k = min(5, num_classes)
+            top = logits.topk(k, dim=1).indices
+            hits = top.eq(y[:, None])
+            sums[1] += hits[:, 0].sum().item()
+            sums[2] += hits.any(dim=1).sum().item()
+            sums[3] += len(y)
+        model.train(was_training)
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(sums, group=group)
+    count = max(sums[3].item(), 1.0)
+    out = {"test_loss": sums[0].item() / count, "test_acc": sums[1].item() / count}
+    if num_classes > 5:
+        out["test_top5"] = sums[2].item() / count
+    return out
+
+
+class Evaluator:
+    """When to evaluate (every N steps, every N epochs; the last step is evaluated at the end,
+    after the plugin's finalize) and how: the plugin's evaluation model on the evaluating ranks,
+    the test set sharded over them, plus the bytes all ranks have sent so far (the x-axis of
+    accuracy-against-communication plots). Updates the best metric in the training state."""
+
+    def __init__(self, train_cfg: Any, best_metric: str, total_steps: int, algo: Any, model: nn.Module,
+                 ctx: Any, evaluates: bool, eval_stream: Any,
+                 forward: Callable[[nn.Module, torch.Tensor], torch.Tensor], num_classes: int, quiesce: bool) -> None:
+        self.every_steps, self.every_epochs = train_cfg.eval_every_steps, train_cfg.eval_every_epochs
+        self.best_metric, self.total_steps = best_metric, total_steps
+        self.algo, self.model, self.ctx, self.evaluates = algo, model, ctx, evaluates
+        self.eval_stream, self.forward, self.num_classes = eval_stream, forward, num_classes
+        self.quiesce = quiesce
+
+    def due(self, step: int, epoch: int, epoch_end: bool) -> bool:
+        if step >= self.total_steps:
+            return False  # the final evaluation comes after the plugin's finalize
+        return bool((self.every_steps and step % self.every_steps == 0)
+                    or (epoch_end and self.every_epochs and epoch % self.every_epochs == 0))
+
+    def run(self, state: Any) -> tuple[dict[str, float], bool]:
+        """Evaluate now (a collective on every rank); returns (result, whether it is a new best)."""
+        if self.quiesce:
+            # Serving ranks run no steps: without this barrier a server's main thread would
+            # evaluate a global model that workers are still updating. Nobody pushes again before
+            # the evaluation's all_reduce. (Checkpoints get the same from their opening barrier.)
+            dist.barrier()
+        model = self.algo.eval_model(self.model) if self.evaluates else None
+        result = evaluate(model, self.eval_stream.batches() if model is not None else iter(()),
+                          self.forward, self.ctx.device, self.num_classes)
+        sent = torch.tensor([float(self.algo.comm.as_metrics()["comm_bytes"])], dtype=torch.float64)
+        dist.all_reduce(sent)
+        result = {**result, "comm_bytes_total": int(sent.item())}
+        state.last_eval = result
+        metric = result.get(self.best_metric)
+        improved = metric is not None and (state.best is None or metric > state.best)
+        if improved:
+            state.best, state.best_step = metric, state.step
+        return result, improved

@@ -1,0 +1,65 @@
+"""One rank's local computation of a step: forward and backward over micro-batches (gradient
+accumulation), under autocast at the configured precision, and the local optimizer update that
+plugins trigger through `StepContext.optimizer_step` (unscale, clip, step)."""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from core.distenv import DistContext
+from core.errors import UserError
+from engine.train.config import Precision, TrainConfig
+
+AUTOCAST = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}
+
+
+def resolve_precision(requested: Precision, is_cuda: bool) -> Precision:
+    """`auto`: fp32 on the CPU, bf16 on a GPU that has it, else fp16."""
+    if requested == Precision.auto:
+        if not is_cuda:
+            return Precision.fp32
+        return Precision.bf16 if torch.cuda.is_bf16_supported() else Precision.fp16
+    if requested == Precision.fp16 and not is_cuda:
+        raise UserError("train.precision=fp16 needs a GPU (its grad scaler is CUDA-only); use fp32 or bf16 on CPU")
+    return requested
+
+
+class LocalStep:
+    def __init__(self, cfg: TrainConfig, ctx: DistContext, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 micro_batch: int) -> None:
+        self.ctx, self.model, self.optimizer, self.micro = ctx, model, optimizer, micro_batch
+        self.grad_clip: Optional[float] = cfg.grad_clip
+        self.precision = resolve_precision(cfg.precision, ctx.is_cuda)
+        self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=self.precision == Precision.fp16 and ctx.is_cuda)
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+
+    def forward(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        dtype = AUTOCAST.get(self.precision)
+        with torch.autocast(self.ctx.device.type, dtype=dtype) if dtype else nullcontext():
+            return model(x)
+
+    def backward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gradients of the batch's mean loss in `.grad`; returns (mean loss, correct count)."""
+        dev = self.ctx.device
+        x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+        self.model.train()
+        loss_sum = torch.zeros((), device=dev)
+        correct = torch.zeros((), device=dev, dtype=torch.long)
+        for xm, ym in zip(x.split(self.micro), y.split(self.micro)):
+            logits = self.forward(self.model, xm)
+            loss = self.criterion(logits.float(), ym)
+            self.scaler.scale(loss * (len(xm) / len(x))).backward()
+            loss_sum += loss.detach() * len(xm)
+            correct += (logits.argmax(1) == ym).sum()
+        return loss_sum / len(x), correct
+
+    def optimizer_step(self) -> None:
+        """The local update from the current `.grad` (what `StepContext.optimizer_step` runs)."""
+        if self.grad_clip:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()

@@ -1,0 +1,234 @@
+"""The algorithm-agnostic training loop of one rank.
+
+The trainer builds what a rank trains (data, model, optimizer, schedule, plugin), restores it on
+resume, and loops: this rank's forward and backward (`LocalStep`), then `plugin.step`, which
+communicates and applies the update as its algorithm says. At fixed points it hands over to its
+components, which read the shared `TrainState`: after a step the report, the evaluator, the
+checkpointer and the stop agreement; at the end the plugin's finalize, the final evaluation and
+checkpoint, and the summary. Every rank (servers included) passes the same points at the same
+steps. See `dist_algos.base` for the plugin contract and `engine.plan` for what is decided before.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from core.distenv import DistContext
+from core.errors import UserError
+from data import DataRequest, build_data
+from dist_algos.base import Role, StepContext, TrainInfo
+from engine.checkpoint.collective import agree_on_checkpoint
+from engine.checkpoint.files import Manifest, load_rank_file
+from engine.plan import RunPlan
+from engine.report.run_report import RunFacts, RunReport
+from engine.report.summary import gather_summary
+from engine.train.checkpointer import Checkpointer
+from engine.train.evaluation import Evaluator
+from engine.train.imbalance import ImbalanceInjector
+from engine.train.optim import Schedule, build_optimizer
+from engine.train.rng import capture_rng, restore_rng, seed_everything
+from engine.train.state import TrainState
+from engine.train.step import LocalStep
+from engine.train.stop import StopAgreement
+from models import build_model
+
+log = logging.getLogger("syncopt")
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class Trainer:
+    def __init__(self, plan: RunPlan, ctx: DistContext) -> None:
+        self.plan, self.ctx, cfg = plan, ctx, plan.config
+        plan.run_dir.root.mkdir(parents=True, exist_ok=True)
+        self.algo = plan.algo(cfg.algo, ctx)
+        self.is_worker = plan.layout.role(ctx.rank) == Role.WORKER
+        self.reporting = ctx.rank == plan.layout.train[0]
+        self.train_stream, self.eval_stream = build_data(cfg.data, data_request(plan, ctx))
+        seed_everything(cfg.seed)  # identical initial model on every rank
+        self.model = build_model(cfg.model, plan.spec).to(ctx.device)
+        self.steps_per_epoch = self._agree_steps_per_epoch()
+        self.total_steps = cfg.train.max_steps or cfg.train.epochs * self.steps_per_epoch
+        self.optimizer = build_optimizer(self.model, cfg.optim, plan.hyper.peak_lr)
+        self.schedule = Schedule(cfg.sched, plan.hyper.peak_lr, self.total_steps, self.steps_per_epoch)
+        self.local = LocalStep(cfg.train, ctx, self.model, self.optimizer, plan.batch.micro)
+        self.imbalance = ImbalanceInjector(cfg.train.imbalance, ctx.rank)
+        self.state = TrainState()
+        self.checkpointer = Checkpointer(cfg.checkpoint, plan.run_dir, ctx, cfg.algo.name, plan.resume_keys,
+                                         self.capture, self.total_steps)
+        self.evaluator = Evaluator(cfg.train, cfg.checkpoint.best_metric, self.total_steps, self.algo, self.model,
+                                   ctx, ctx.rank in plan.layout.evaluate, self.eval_stream, self.local.forward,
+                                   plan.spec.num_classes, quiesce=plan.num_train_ranks < ctx.world_size)
+        self.report: Optional[RunReport] = None
+
+    def _agree_steps_per_epoch(self) -> int:
+        """The training ranks' steps per epoch, known on serving ranks too (they step along)."""
+        box = [self.train_stream.steps_per_epoch if self.train_stream is not None else 0]
+        dist.broadcast_object_list(box, src=self.plan.layout.train[0])
+        return int(box[0])
+
+    def train_batches(self, n: int) -> Iterator[Batch]:
+        """Up to n training batches of the current epoch's shard, for BatchNorm re-estimation;
+        leaves the training position and the RNG as they were."""
+        if self.train_stream is None:
+            return
+        with torch.random.fork_rng(devices=[]):
+            for i, (x, y) in enumerate(self.train_stream.batches(self.state.epoch, 0)):
+                if i >= n:
+                    break
+                yield x.to(self.ctx.device, non_blocking=True), y.to(self.ctx.device, non_blocking=True)
+
+    # ---- state --------------------------------------------------------------------------------
+    def capture(self) -> dict[str, Any]:
+        """Everything that decides this rank's future, for its checkpoint file."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scaler": self.local.scaler.state_dict(), "algo": self.algo.state_dict(),
+                "comm": self.algo.comm.state_dict(), "imbalance": self.imbalance.state_dict(),
+                "rng": capture_rng(), "trainer": self.state.state_dict()}
+
+    def restore(self) -> Optional[dict[str, Any]]:
+        """Load model and optimizer state from the checkpoint the ranks agree on (the rest after
+        the plugin's set-up); else start from `init_from`'s model or rank 0's initialisation."""
+        manifest = agree_on_checkpoint(self.plan.resume_from, self.ctx.rank, self.plan.run_dir)
+        if manifest is None:
+            if self.plan.init_from is not None:
+                self._init_from(self.plan.init_from)
+            if self.ctx.world_size > 1:  # one starting point, whatever the initialisation did
+                for tensor in list(self.model.parameters()) + list(self.model.buffers()):
+                    dist.broadcast(tensor.data, src=0)
+            return None
+        state = load_rank_file(manifest.rank_file(self.ctx.rank))
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.local.scaler.load_state_dict(state["scaler"])
+        if self.reporting:
+            log.info("resuming from %s (step %d)", manifest.path, manifest.step)
+        return state
+
+    def _init_from(self, manifest: Manifest) -> None:
+        """A new run starting from a checkpoint's model (rank 0's file), nothing else."""
+        try:
+            self.model.load_state_dict(load_rank_file(manifest.rank_file(0))["model"])
+        except RuntimeError as err:
+            raise UserError(f"init_from={manifest.path}: its model does not fit model.name="
+                            f"{self.plan.config.model.get('name')} ({str(err).splitlines()[0]})") from None
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def run(self) -> Optional[dict[str, Any]]:
+        """Train to the end (or to a stop); returns the summary on the reporting rank."""
+        cfg, st = self.plan.config, self.state
+        saved = self.restore()
+        info = TrainInfo(total_steps=self.total_steps, steps_per_epoch=self.steps_per_epoch,
+                         lr_at=self.schedule.lr_at, warmup_steps=self.schedule.warmup_steps,
+                         train_batches=self.train_batches, forward=self.local.forward,
+                         resuming=saved is not None, hyper=self.plan.hyper)
+        self.algo.setup(self.model, self.optimizer, info)
+        if saved is not None:
+            self.algo.load_state_dict(saved["algo"])
+            self.algo.comm.load_state_dict(saved["comm"])
+            self.imbalance.load_state_dict(saved["imbalance"])
+            st.load_state_dict(saved["trainer"])
+            restore_rng(saved["rng"])
+        else:  # per-rank streams (dropout differs across ranks), independent of what set-up drew
+            seed_everything(cfg.seed + 1000 * (self.ctx.rank + 1))
+        if self.reporting:
+            self.report = RunReport(self.plan.run_dir, cfg.raw, cfg.logger, cfg.train.log_every_steps,
+                                    cfg.train.progress, run_facts(self.plan, self), st, self.algo.plot_keys())
+        stop = StopAgreement(cfg.train.stop_after, cfg.train.preempt_check_every, self.total_steps)
+        stopped: Optional[str] = None
+        try:
+            stopped = self._loop(stop)
+            return self._finish() if stopped is None else None
+        finally:
+            stop.close()
+            self.algo.close()
+            if self.report:
+                self.report.close(stopped)
+
+    def _loop(self, stop: StopAgreement) -> Optional[str]:
+        st = self.state
+        batches = self._batches()
+        while st.step < self.total_steps:
+            t0 = time.perf_counter()
+            if self.is_worker:
+                self._train_step(*next(batches), t0)
+            epoch_end = st.advance(self.steps_per_epoch)
+            if epoch_end and st.step < self.total_steps:
+                batches = self._batches()
+            if self.report:
+                self.report.after_step(st, self.schedule.lr_at(st.step), self.is_worker,
+                                       {**self.algo.comm.as_metrics(), **self.algo.metrics()})
+            improved = self._evaluate()[1] if self.evaluator.due(st.step, st.epoch, epoch_end) else False
+            self.checkpointer.after_step(st, epoch_end, improved)
+            reason = stop.reason(st.step)
+            if reason is not None:
+                self.checkpointer.save(st, reason.kind)
+                return reason.message
+        return None
+
+    def _batches(self) -> Iterator[Batch]:
+        if not self.is_worker:
+            return iter(())
+        return iter(self.train_stream.batches(self.state.epoch, self.state.batch_in_epoch))
+
+    def _train_step(self, x: torch.Tensor, y: torch.Tensor, t0: float) -> None:
+        st = self.state
+        lr = self.schedule.apply(self.optimizer, st.step)
+        loss, correct = self.local.backward(x, y)
+        self.imbalance.inject(st.step, time.perf_counter() - t0)
+        self.algo.step(StepContext(step=st.step, epoch=st.epoch, loss=loss, lr=lr,
+                                   optimizer_step=self.local.optimizer_step))
+        self.optimizer.zero_grad(set_to_none=False)
+        st.train_seconds += time.perf_counter() - t0
+        st.samples_seen += len(x) * self.plan.num_train_ranks
+        if self.report:
+            self.report.train_batch(loss, correct, len(x))
+
+    def _evaluate(self) -> tuple[dict[str, float], bool]:
+        result, improved = self.evaluator.run(self.state)
+        if self.report:
+            self.report.after_eval(self.state, result, self.algo.comm.as_metrics())
+        return result, improved
+
+    def _finish(self) -> Optional[dict[str, Any]]:
+        st = self.state
+        if not st.finalized:
+            self.algo.finalize(self.model)
+            st.finalized = True
+        result, improved = self._evaluate()
+        self.checkpointer.at_end(st, improved)
+        mine = {"rank": self.ctx.rank, "worker": self.is_worker, "comm": self.algo.comm.as_metrics(),
+                "algo": self.algo.summary(), "imbalance_s": self.imbalance.injected_s}
+        summary = gather_summary(mine, self.ctx.world_size, self.reporting, result, st, run_facts(self.plan, self),
+                                 self.plan.config.checkpoint.best_metric, self.plan.algo.merge_summaries)
+        if summary is not None and self.report:
+            self.report.finish(summary)
+        return summary
+
+
+def data_request(plan: RunPlan, ctx: DistContext) -> DataRequest:
+    """This rank's part of the data: its training shard (None on serving ranks) and test slice."""
+    train, evaluate = plan.layout.train, plan.layout.evaluate
+    per_rank = plan.batch.per_rank
+    return DataRequest(batch_size=per_rank, eval_batch_size=plan.config.data.eval_batch_size or max(per_rank, 64),
+                       seed=plan.config.seed, shard=train.index(ctx.rank) if ctx.rank in train else None,
+                       num_shards=len(train), eval_shard=evaluate.index(ctx.rank) if ctx.rank in evaluate else 0,
+                       eval_num_shards=len(evaluate), device=ctx.device)
+
+
+def run_facts(plan: RunPlan, trainer: Trainer) -> RunFacts:
+    cfg = plan.config
+    return RunFacts(algo=cfg.algo.name, model=cfg.model.get("name"), data=cfg.data.name,
+                    pipeline=str(cfg.data.pipeline), seed=cfg.seed, world_size=plan.world_size,
+                    train_ranks=plan.num_train_ranks, global_batch=plan.batch.global_batch,
+                    peak_lr=plan.hyper.peak_lr, total_steps=trainer.total_steps,
+                    steps_per_epoch=trainer.steps_per_epoch)
+
+
+def train_rank(plan: RunPlan, ctx: DistContext) -> Optional[dict[str, Any]]:
+    torch.manual_seed(plan.config.seed)
+    return Trainer(plan, ctx).run()
