@@ -16,11 +16,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException, MissingConfigException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from core.distenv import inside_launched_rank
@@ -30,9 +31,12 @@ from core.schema import config_error_line
 from engine import rank
 from engine.config import register_schemas
 from engine.launch.config import Launcher
-from engine.launch.launcher import launch, stopped_message
+from engine.launch.launcher import launch, stall_after_s, stopped_message
+from engine.launch.run_lock import RunLock
 from engine.plan import RunPlan, preflight
 from engine.tables.runner import run_table
+from engine.usage import usage_text
+from data import dataset_names
 
 register_schemas()
 
@@ -42,26 +46,41 @@ def main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     run_dir = RunDir(Path(hc.runtime.output_dir).resolve())
     if inside_launched_rank():
-        sys.exit(rank.main(cfg, str(run_dir.root)))
+        rank.exit_process(rank.main(cfg, str(run_dir.root)))
     if cfg.get("table") is not None:
         with report_user_errors():
             sys.exit(run_table(cfg.table, run_dir.root))
     with report_user_errors():
         plan = preflight(cfg, run_dir)
-        if plan.config.launch.no_ssh and not any(o.startswith("hydra.run.dir=") for o in hc.overrides.hydra):
+        launch_cfg = plan.config.launch
+        if launch_cfg.no_ssh and not any(o.startswith("hydra.run.dir=") for o in hc.overrides.hydra):
             raise UserError("launch.no_ssh=true: give hydra.run.dir=PATH, the same on every node "
                             "(on storage they share), so that all nodes write one run")
+        lock = RunLock(run_dir)
+        if not (launch_cfg.no_ssh and launch_cfg.node_rank):  # node 0's cli.py owns a shared directory
+            lock.acquire()  # held until the run ends
+        save_hydra_record(run_dir, cfg, hc)
     if _in_this_process(plan):
         code = rank.main(cfg, str(run_dir.root))
     else:
-        code = launch(plan.config.launch, run_dir, list(hc.overrides.task))
+        code = launch(plan.config.launch, run_dir, list(hc.overrides.task), stall_after_s(plan.config.dist.timeout_s))
+    lock.release()
     note = stopped_message(run_dir) if code == 0 else None
     if note:
         print(f"syncopt: {note}", file=sys.stderr)
-    if code and str(hc.mode) != "RunMode.MULTIRUN":
-        sys.exit(code)
+    if str(hc.mode) != "RunMode.MULTIRUN":
+        rank.exit_process(code)  # everything is written; skip the interpreter's slow teardown
     if code:
         raise RuntimeError(f"job {hc.job.num} failed (exit code {code}); see {run_dir.logs}")
+
+
+def save_hydra_record(run_dir: RunDir, cfg: DictConfig, hc: Any) -> None:
+    """Hydra's own record of the run (.hydra/config.yaml, overrides.yaml), written only once the
+    directory is ours: conf/config.yaml turns off Hydra's writing it before the job starts,
+    which would overwrite the record of a run still going in the same directory."""
+    run_dir.hydra_subdir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, run_dir.hydra_subdir / "config.yaml")
+    OmegaConf.save(OmegaConf.create(list(hc.overrides.task)), run_dir.hydra_subdir / "overrides.yaml")
 
 
 def _in_this_process(plan: RunPlan) -> bool:
@@ -88,6 +107,9 @@ def one_line(err: BaseException) -> str:
 
 
 if __name__ == "__main__":
+    if any(arg in ("--help", "-h") for arg in sys.argv[1:]):  # Hydra's own: --hydra-help
+        print(usage_text(Path(__file__).resolve().parent / "conf", dataset_names()), end="")
+        sys.exit(0)
     # Let composition errors reach us (instead of Hydra's multi-line report) to print one line.
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     try:

@@ -12,7 +12,9 @@ storage) and the tools that read results (tables, tests). Its layout:
     run.lock               held by the one run that owns the directory
     run.log                a paper table's log of this row
     wandb_id.txt, wandb/   Weights & Biases (offline) files
-    logs/rank_<r>.log      each rank's log; .pid ("pid host") while it runs; .error when it failed
+    logs/rank_<r>.log      each rank's log; .pid ("pid host") while it runs; .error when it failed;
+                           .progress ("step time", rewritten every few seconds while it runs);
+                           .exit (its exit code, once it has ended)
     logs/launch.json       how the job was launched (multi-node handshakes)
     logs/deepspeed_env     the environment exported to pdsh-started nodes
     checkpoints/step_<8 digits>/rank_<r>.pt, manifest.json
@@ -94,6 +96,9 @@ class RunDir:
 
     def rank_progress(self, rank: int) -> Path:
         return self.logs / f"rank_{rank}.progress"
+
+    def rank_exit(self, rank: int) -> Path:
+        return self.logs / f"rank_{rank}.exit"
 
     def rank_files(self, kind: str) -> dict[int, Path]:
         """rank -> path of every `logs/rank_<r>.<kind>` file present (kind: pid, error, ...)."""

@@ -143,22 +143,48 @@ def config_error_line(err: BaseException, where: str = "") -> str:
     return f"{full}: {text} (fix the override or the config file)"
 
 
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """The range of a function parameter that is a config option, written in its signature as
+    `width: Annotated[int, Bounds(ge=1)] = 16` (model builders), checked by `check_kwargs`."""
+
+    ge: Optional[float] = None
+    gt: Optional[float] = None
+    le: Optional[float] = None
+    lt: Optional[float] = None
+
+    def meta(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+#: the usual ranges, for signatures: a count of at least one, a dropout-like probability
+AtLeastOne = typing.Annotated[int, Bounds(ge=1)]
+Probability = typing.Annotated[float, Bounds(ge=0, lt=1)]
+
+
 def check_kwargs(where: str, fn: Callable[..., Any], kwargs: dict[str, Any], skip: tuple[str, ...] = ()) -> None:
-    """Check that config keys are keyword arguments of `fn`, with compatible simple types (for
-    sections whose schema is a function's signature, such as a model builder's)."""
+    """Check that config keys are keyword arguments of `fn`, with compatible simple types and
+    within their declared `Bounds` (for sections whose schema is a function's signature, such as
+    a model builder's)."""
     sig = inspect.signature(fn)
     try:
-        hints = typing.get_type_hints(fn)
+        hints = typing.get_type_hints(fn, include_extras=True)
     except Exception:  # pragma: no cover - unresolvable annotations just skip type checks
         hints = {}
     allowed = [p for p in sig.parameters if p not in skip and p != "self"]
     for key, value in kwargs.items():
         if key not in allowed:
             raise UserError(f"{where}.{key} is not an option here; options: {', '.join(allowed) or 'none'}")
-        hint = hints.get(key)
+        hint, bounds = hints.get(key), None
+        if typing.get_origin(hint) is typing.Annotated:
+            bounds = next((m for m in hint.__metadata__ if isinstance(m, Bounds)), None)
+            hint = typing.get_args(hint)[0]
         base = {int: (int,), float: (int, float), bool: (bool,), str: (str,)}.get(hint)  # type: ignore[arg-type]
         if base and value is not None and (not isinstance(value, base) or (hint is not bool and isinstance(value, bool))):
             raise UserError(f"{where}.{key}={value!r}: expected {hint.__name__}")  # type: ignore[union-attr]
+        problem = range_problem(value, bounds.meta()) if bounds is not None else None
+        if problem:
+            raise UserError(f"{where}.{key}={value!r} {problem}")
 
 
 def signature_defaults(fn: Callable[..., Any], skip: tuple[str, ...] = ()) -> dict[str, Any]:

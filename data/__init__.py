@@ -55,6 +55,10 @@ class DataRequest:
     device: Any = "cpu"
 
 
+def dataset_names() -> list[str]:
+    return sorted(DATASETS)
+
+
 def register_configs() -> None:
     """(temporary: conf/data/*.yaml)"""
 

@@ -8,6 +8,7 @@ plan from the same config and its real world, then hands it to the trainer.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -19,11 +20,12 @@ from core.spec import DataSpec
 from data import check_data_on_disk, data_spec, num_train_samples
 from dist_algos import get_algorithm
 from dist_algos.base import DistAlgorithm, HyperParams, RankLayout
+from models import check_buildable
 from engine.checkpoint.files import Manifest
 from engine.checkpoint.resume import init_source, resume_candidates
 from engine.config import RunConfig, load_run_config
 from engine.launch.config import Launcher, launch_shape
-from engine.train.optim import hyper_params, peak_lr
+from engine.train.optim import hyper_params, peak_lr, warmup_steps
 
 
 @dataclass(frozen=True)
@@ -104,5 +106,23 @@ def preflight(raw: DictConfig, run_dir: RunDir) -> RunPlan:
         raise UserError(f"launch.launcher=none trains in this one process; set launch.nproc=1 "
                         f"(not {config.launch.nproc}) or pick launch.launcher=deepspeed")
     plan = build_plan(config, run_dir, world, per_node)
+    check_buildable(config.model, plan.spec)
+    warn_endless_warmup(plan)
     check_data_on_disk(config.data)
     return plan
+
+
+def warn_endless_warmup(plan: RunPlan) -> None:
+    """One line when the learning rate can never leave warm-up (the run is shorter than it):
+    legal, but rarely meant."""
+    config = plan.config
+    samples = num_train_samples(config.data)
+    steps_per_epoch = samples // plan.batch.global_batch if samples else None
+    if not steps_per_epoch:
+        return
+    total = config.train.max_steps or config.train.epochs * steps_per_epoch
+    warm = warmup_steps(config.sched, steps_per_epoch)
+    if warm >= total:
+        key = "sched.warmup_steps" if config.sched.warmup_steps is not None else "sched.warmup_epochs"
+        print(f"syncopt: warning: {key} makes warm-up {warm} steps, but the run has {total}: the learning rate "
+              f"never reaches optim.lr={config.optim.lr}", file=sys.stderr, flush=True)

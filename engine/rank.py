@@ -14,7 +14,7 @@ import shutil
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, Optional
 
 import torch
 import torch.distributed as dist
@@ -24,6 +24,7 @@ from core.errors import USER_ERROR_EXIT, UserError
 from core.rundir import RunDir
 from engine.config import load_run_config
 from engine.plan import build_plan
+from engine.train.heartbeat import Heartbeat
 from engine.train.trainer import train_rank
 
 
@@ -59,6 +60,7 @@ def main(raw_cfg: Any, run_dir: str) -> int:
     """Train as this process's rank; returns the exit code."""
     rank = int(os.environ.get("RANK", "0"))
     rundir = RunDir(Path(run_dir))
+    beat: Optional[Heartbeat] = None
     try:
         cfg = load_run_config(raw_cfg)
         if "OMP_NUM_THREADS" in os.environ:
@@ -69,14 +71,15 @@ def main(raw_cfg: Any, run_dir: str) -> int:
         setup_logging(rundir, ctx.rank, console=ctx.rank == 0)
         rundir.rank_pid(ctx.rank).write_text(f"{os.getpid()} {os.uname().nodename}\n")
         rundir.rank_error(ctx.rank).unlink(missing_ok=True)
+        beat = Heartbeat(rundir.rank_progress(ctx.rank)).start()
         plan = build_plan(cfg, rundir, ctx.world_size, ctx.local_size)
-        train_rank(plan, ctx)
+        train_rank(plan, ctx, beat)
         shutdown_distributed()
-        return 0
+        return _ended(rundir, rank, 0)
     except UserError as err:
         if rank == 0:
             print(f"syncopt: error: {err}", file=sys.stderr, flush=True)
-        return USER_ERROR_EXIT
+        return _ended(rundir, rank, USER_ERROR_EXIT)
     except Exception as err:  # an unexpected failure: keep the evidence, name the rank
         line = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         logging.getLogger("syncopt").error("rank %d failed: %s\n%s", rank, line, traceback.format_exc())
@@ -86,4 +89,38 @@ def main(raw_cfg: Any, run_dir: str) -> int:
         except OSError:
             pass
         print(f"syncopt: rank {rank} failed: {line}", file=sys.stderr, flush=True)
-        return 1
+        return _ended(rundir, rank, 1)
+    finally:
+        if beat is not None:
+            beat.stop()
+
+
+def _ended(rundir: RunDir, rank: int, code: int) -> int:
+    """Leave the exit code beside the pid file: the launching process then knows the job is over
+    as soon as every rank has one, without waiting for the launcher's own polling and teardown."""
+    try:
+        if rundir.logs.is_dir():
+            rundir.rank_exit(rank).write_text(f"{code}\n")
+    except OSError:
+        pass
+    return code
+
+
+def exit_process(code: int) -> NoReturn:
+    """End a launched rank now that its work is written: flush what it printed and logged, then
+    leave without the interpreter's teardown.
+
+    That teardown destroys torch's C++ objects (gloo contexts and their transport threads,
+    process groups a plugin still references) in no defined order; now and then a thread is
+    still joinable when its owner goes, and the rank dies of SIGABRT ("terminate called without
+    an active exception") after a successful run, which the launcher reports as a failed job. It
+    also costs a second or more per rank. Everything a rank must leave behind (checkpoints,
+    metrics, summary, wandb files, logs) is written and closed before this point.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    logging.shutdown()
+    os._exit(code)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import torch
 import torch.nn as nn
 from hydra.core.config_store import ConfigStore
 
+from core.errors import UserError
 from core.registry import Registry
 from core.schema import check_kwargs, signature_defaults
 from core.spec import DataSpec
@@ -44,6 +46,27 @@ def build_model(cfg: dict[str, Any], spec: DataSpec) -> nn.Module:
     check_model_config(cfg, spec)
     builder = MODELS.get(cfg["name"])
     return builder(spec.in_channels, spec.image_size, spec.num_classes, **model_options(cfg))
+
+
+def check_buildable(cfg: dict[str, Any], spec: DataSpec) -> None:
+    """Build the model on the meta device (no memory, no time) and pass it one meta batch of the
+    data's shape, so that a model that cannot be built, or cannot take this input size, is one
+    line before launch instead of a traceback on every rank."""
+    check_model_config(cfg, spec)
+    shape = f"{spec.in_channels}x{spec.image_size}x{spec.image_size}"
+    try:
+        with torch.device("meta"):
+            model = build_model(cfg, spec)
+            out = model(torch.empty(2, spec.in_channels, spec.image_size, spec.image_size))
+    except UserError:
+        raise
+    except Exception as err:  # the builder's or torch's own complaint, shortened to its first line
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"model={cfg.get('name')} with {model_options(cfg) or 'its defaults'} cannot be built "
+                        f"for {shape} input ({reason}); change the model.* options or the data's image size") from None
+    if tuple(out.shape) != (2, spec.num_classes):
+        raise UserError(f"model={cfg.get('name')} gives outputs of shape {tuple(out.shape)[1:]} for {shape} input, "
+                        f"not {spec.num_classes} class scores; change the model.* options")
 
 
 def register_configs() -> None:

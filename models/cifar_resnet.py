@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from core.schema import AtLeastOne
 from models import register_model
 
 
@@ -54,7 +55,7 @@ class CifarResNet(nn.Module):
 
 def _register(depth: int) -> None:
     @register_model(f"resnet{depth}")
-    def build(in_channels: int, image_size: int, num_classes: int, width: int = 16) -> nn.Module:
+    def build(in_channels: int, image_size: int, num_classes: int, width: AtLeastOne = 16) -> nn.Module:
         return CifarResNet(depth, in_channels, num_classes, width)
 
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import torch.nn as nn
 
+from core.schema import AtLeastOne, Probability
 from models import register_model
 
 
 @register_model("small_cnn")
-def small_cnn(in_channels: int, image_size: int, num_classes: int, width: int = 32,
-              batch_norm: bool = True, dropout: float = 0.0) -> nn.Module:
+def small_cnn(in_channels: int, image_size: int, num_classes: int, width: AtLeastOne = 32,
+              batch_norm: bool = True, dropout: Probability = 0.0) -> nn.Module:
     def block(cin: int, cout: int) -> list[nn.Module]:
         layers: list[nn.Module] = [nn.Conv2d(cin, cout, 3, padding=1, bias=not batch_norm)]
         if batch_norm:

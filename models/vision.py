@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
+from core.schema import AtLeastOne, Probability
 from models import register_model
 
 
@@ -52,14 +53,14 @@ def _vit(in_channels: int, image_size: int, num_classes: int, patch_size: int, n
 
 
 @register_model("vit_b_16")
-def vit_b_16(in_channels: int, image_size: int, num_classes: int, dropout: float = 0.0) -> nn.Module:
+def vit_b_16(in_channels: int, image_size: int, num_classes: int, dropout: Probability = 0.0) -> nn.Module:
     """ViT-B/16 (86M parameters), torchvision's architecture, trained from scratch."""
     return _vit(in_channels, image_size, num_classes, 16, 12, 12, 768, 3072, dropout)
 
 
 @register_model("vit_small")
-def vit_small(in_channels: int, image_size: int, num_classes: int, patch_size: int = 4,
-              num_layers: int = 6, num_heads: int = 4, hidden_dim: int = 192, mlp_dim: int = 384,
-              dropout: float = 0.0) -> nn.Module:
+def vit_small(in_channels: int, image_size: int, num_classes: int, patch_size: AtLeastOne = 4,
+              num_layers: AtLeastOne = 6, num_heads: AtLeastOne = 4, hidden_dim: AtLeastOne = 192,
+              mlp_dim: AtLeastOne = 384, dropout: Probability = 0.0) -> nn.Module:
     """A small ViT for CPU-scale runs (defaults: ViT-Tiny-like width, 6 layers, 4x4 patches)."""
     return _vit(in_channels, image_size, num_classes, patch_size, num_layers, num_heads, hidden_dim, mlp_dim, dropout)

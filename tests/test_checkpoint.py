@@ -29,13 +29,17 @@ def test_verify_detects_a_changed_file(tmp_path: Path) -> None:
 
 
 def test_prune_keeps_last_n_and_best_and_newer_partials(tmp_path: Path) -> None:
-    for s in (1, 2, 3, 4):
+    """A partial directory older than the newest complete checkpoint is a failed save (a full
+    disk, a killed job): it goes. A newer one may be a save in progress: it stays."""
+    for s in (1, 3, 4):
         make(tmp_path, s, {"rank_0.pt": bytes([s])})
+    make(tmp_path, 2, {"rank_0.pt": b"x"}, manifest=False)  # a save that failed
     make(tmp_path, 5, {"rank_0.pt": b"x"}, manifest=False)  # being written right now
     ckpt.mark_best(tmp_path, 1, "test_acc", 0.9)
-    ckpt.prune(tmp_path, keep_last=2, keep_best=True)
+    removed = ckpt.prune(tmp_path, keep_last=2, keep_best=True)
     left = sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*"))
     assert left == ["step_00000001", "step_00000003", "step_00000004", "step_00000005"]
+    assert sorted(p.name for p in removed) == ["step_00000002"]
 
 
 def test_compatibility_names_the_mismatch(tmp_path: Path) -> None:

@@ -28,22 +28,53 @@ def error_line(proc: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.parametrize("args,fragment", [
+    # names and types
     (["model.name=lenet"], "model.name='lenet'"),
     (["algo=gossip"], "algo/gossip"),
     (["data.name=mnist"], "data.name='mnist'"),
-    (["launch.nproc=0"], "launch.nproc=0"),
-    (["launch.nproc=64", "train.batch_size=32"], "launch.nproc=64"),
     (["train.epochs=ten"], "train.epochs"),
     (["optim.lr_max=1"], "optim.lr_max"),
+    (["launch.launcher=mpirun"], "launch.launcher='mpirun' is not one of"),
+    # ranges: optimizer, schedule, training, model, data, algorithm, runner
+    (["optim.lr=-1"], "optim.lr=-1.0 must be > 0"),
+    (["optim.momentum=1.5"], "optim.momentum=1.5 must be >= 0 and < 1"),
+    (["optim=adamw", "optim.betas=[0.9,1.2]"], "optim.betas=[0.9, 1.2]"),
+    (["sched=step", "sched.gamma=0"], "sched.gamma=0.0 must be > 0"),
+    (["sched.warmup_epochs=-1"], "sched.warmup_epochs=-1.0 must be >= 0"),
+    (["train.batch_size=0"], "train.batch_size=0 must be >= 1"),
+    (["train.grad_clip=0"], "train.grad_clip=0.0 must be > 0"),
+    (["model.width=0"], "model.width=0 must be >= 1"),
+    (["model.dropout=1.5"], "model.dropout=1.5"),
+    (["model=vit_small", "model.patch_size=3"], "cannot be built for 1x8x8 input"),
+    (["data.num_workers=-1"], "data.num_workers=-1"),
+    (["algo=local_sgd", "algo.period=0"], "algo.period=0"),
+    (["algo=dgs", "algo.density=2"], "algo.density=2.0"),
+    (["algo=wagma", "algo.group_size=3"], "algo.group_size=3"),
+    (["dist.timeout_s=0"], "dist.timeout_s=0.0 must be > 0"),
+    (["checkpoint.keep_last=0"], "checkpoint.keep_last=0"),
+    # the world, the data on disk, checkpoints
+    (["launch.nproc=0"], "launch.nproc=0"),
+    (["launch.nproc=64", "train.batch_size=32"], "launch.nproc=64"),
     (["data=cifar10", "data.root=/nonexistent/cifar"], "/nonexistent/cifar"),
     (["resume=/nonexistent/run"], "resume=/nonexistent/run"),
 ])
 def test_bad_input_is_one_line_before_launch(args: list[str], fragment: str, cli_env: dict, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
+    start = time.monotonic()
     proc = run_cli([*args, f"hydra.run.dir={run_dir}"], cli_env, timeout=60)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert fragment in error_line(proc)
+    assert time.monotonic() - start < 15
     assert not (run_dir / "logs").exists(), "no rank may have been launched"
+    assert not any(run_dir.iterdir()) if run_dir.exists() else True, "nothing may be written"
+
+
+def test_a_warm_up_longer_than_the_run_is_one_warning_line(cli_env: dict, tmp_path: Path) -> None:
+    proc = run_cli(["launch.launcher=none", "launch.nproc=1", "train.max_steps=3", "sched.warmup_epochs=100",
+                    "train.progress=false", f"hydra.run.dir={tmp_path / 'run'}"], cli_env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    warnings = [ln for ln in proc.stderr.splitlines() if ln.startswith("syncopt: warning:")]
+    assert len(warnings) == 1 and "never reaches optim.lr=0.1" in warnings[0], proc.stderr[-2000:]
 
 
 def write_cifar(root: Path, n: int = 64, garbage: bool = False) -> None:
@@ -84,7 +115,30 @@ def test_default_job_four_ranks_through_deepspeed(cli_env: dict, tmp_path: Path)
     assert {"step", "epoch", "lr", "loss", "acc", "samples_per_s", "comm_bytes", "comm_s", "syncs"} <= set(train[-1])
     assert train[-1]["loss"] < train[0]["loss"]
     assert "test accuracy" in proc.stdout  # the one-screen summary
+    output = proc.stdout + proc.stderr
+    assert "[WARNING]" not in output and "Unable to find hostfile" not in output, "DeepSpeed must stay quiet"
     print(f"default job: {elapsed:.1f} s, test_acc {summary['test_acc']:.4f}")
+
+
+def test_a_run_with_loader_workers_ends_within_3_s_of_its_summary(cli_env: dict, tmp_path: Path) -> None:
+    """Loader workers (training and evaluation) are shut down with the run, not left for the
+    interpreter's exit to join one by one."""
+    from tests.datagen import write_cifar as write_cifar_set
+
+    write_cifar_set(tmp_path / "cifar", n_train=128, n_test=32)
+    cmd = [sys.executable, CLI, "data=cifar10", f"data.root={tmp_path / 'cifar'}", "model=resnet20", "model.width=4",
+           "launch.nproc=2", "train.epochs=2", "train.batch_size=16", "data.num_workers=4", "train.progress=false",
+           f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env, cwd=REPO)
+    summary_at = None
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "run directory" in line:
+            summary_at = time.monotonic()
+    proc.wait(timeout=300)
+    ended = time.monotonic()
+    assert proc.returncode == 0 and summary_at is not None
+    assert ended - summary_at < 3.0, f"the run ended {ended - summary_at:.1f} s after its summary"
 
 
 def test_two_ranks_through_torchrun_with_wandb_offline(cli_env: dict, tmp_path: Path) -> None:
@@ -106,3 +160,14 @@ def test_multirun_gives_one_run_directory_per_job(cli_env: dict, tmp_path: Path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lrs = sorted(json.loads((sweep / str(i) / "summary.json").read_text())["peak_lr"] for i in range(2))
     assert lrs == [0.05, 0.1]
+
+
+def test_help_names_the_tool_and_only_runnable_recipes(cli_env: dict) -> None:
+    proc = run_cli(["--help"], cli_env, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = proc.stdout
+    assert text.startswith("syncopt") and "powered by Hydra" not in text
+    assert "recipe=qsr/cpu_qsr" in text and "cpu_lsgd_p4" in text and "wagma_cpu" in text
+    listed = text.split("Recipes (", 1)[1]
+    for partial in ("_cpu_base", "cpu_common", "cifar10_common", "imagenet_common", "cpu_digits", "_schema"):
+        assert partial not in listed, partial

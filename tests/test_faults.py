@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from engine.checkpoint import files as ckpt
+from engine.train.heartbeat import read_step
 from tests.harness import free_port, run_ranks, train_in_rank
 from tests.test_cli import CLI, REPO, error_line, run_cli
 
@@ -60,6 +61,64 @@ def test_kill_9_of_a_worker_ends_the_job_naming_it_and_resume_continues(cli_env:
     assert again.returncode == 0, again.stderr[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed_from"] == last.step and summary["steps"] == last.step + 10
+
+
+def test_a_stopped_rank_is_named_with_its_step_within_the_timeout(cli_env: dict, tmp_path: Path) -> None:
+    """SIGSTOP freezes a rank without ending it: its peers would wait in a collective until
+    dist.timeout_s and then blame nobody. The job must end within dist.timeout_s + 15 s naming
+    that rank and the step it stopped at."""
+    run_dir, timeout_s = tmp_path / "run", 20
+    proc = start_cli(["train.max_steps=100000", "train.eval_every_epochs=null", "checkpoint.every_epochs=null",
+                      "train.progress=false", "launch.nproc=2", f"dist.timeout_s={timeout_s}",
+                      f"hydra.run.dir={run_dir}"], cli_env)
+    pid = None
+    try:
+        wait_for(lambda: (read_step(run_dir / "logs" / "rank_1.progress") or 0) > 0, 240, "training to start")
+        pid = int((run_dir / "logs" / "rank_1.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        _, stderr = proc.communicate(timeout=timeout_s + 60)
+        took = time.monotonic() - stopped_at
+    finally:
+        proc.kill()
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode == 1, stderr[-2000:]
+    line = error_line(subprocess.CompletedProcess([], 1, "", stderr))
+    assert "rank 1 stopped making progress at step" in line and "stopped state" in line, line
+    assert took < timeout_s + 15, f"the job ended {took:.0f} s after the stop"
+
+
+def test_a_second_run_in_a_busy_directory_refuses_and_the_first_is_unaffected(cli_env: dict, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    args = ["train.max_steps=300", "train.imbalance.delay_ms=60", "train.eval_every_epochs=null", "checkpoint.every_epochs=null",
+            "train.progress=false", "launch.nproc=2", f"hydra.run.dir={run_dir}"]
+    first = start_cli(args, cli_env)
+    try:
+        wait_for(lambda: (read_step(run_dir / "logs" / "rank_0.progress") or 0) > 0, 240, "training to start")
+        hydra_record = (run_dir / ".hydra" / "overrides.yaml").read_text()
+        second = run_cli([*args, "optim.lr=0.05"], cli_env, timeout=60)
+        assert second.returncode == 2, second.stderr[-2000:]
+        line = error_line(second)
+        assert "is in use by another run" in line and f"pid {first.pid}" in line, line
+        assert (run_dir / ".hydra" / "overrides.yaml").read_text() == hydra_record, "the first run's record changed"
+        _, stderr = first.communicate(timeout=240)
+    finally:
+        first.kill()
+    assert first.returncode == 0, stderr[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 300 and summary["peak_lr"] == 0.1
+    # a lock record left by a run that is gone is taken over
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    (stale / "run.lock").write_text("999999 elsewhere 0\n")
+    again = run_cli(["train.max_steps=5", "launch.launcher=none", "launch.nproc=1", f"hydra.run.dir={stale}"],
+                    cli_env, timeout=120)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (stale / "run.lock").read_text().split()[0] != "999999"
 
 
 def test_sigterm_checkpoints_and_exits_zero_then_same_command_finishes(cli_env: dict, tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ Three ways to start the ranks (docs/multinode.md):
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import secrets
@@ -38,10 +39,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Callable, Optional
 
+import torch
+
 from core.errors import USER_ERROR_EXIT, UserError, report_user_errors
 from core.rundir import RunDir
 from engine.launch.config import Launcher, LaunchConfig, node_plan_of
-from engine.launch.rank_watch import RankWatch
+from engine.launch.rank_watch import RankWatch, Stall
 from engine.launch.remote import probe_hosts, write_deepspeed_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,10 +88,13 @@ def launcher_command(cfg: LaunchConfig, port: int, script_args: list[str]) -> li
     if cfg.launcher == Launcher.torchrun:
         return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={cfg.nproc}",
                 f"--master_addr={cfg.master_addr}", f"--master_port={port}", script, *script_args]
-    return [sys.executable, "-u", "-m", "deepspeed.launcher.runner", "--no_local_rank",
-            "--log_level", str(cfg.log_level),
-            "--master_addr", cfg.master_addr, "--master_port", str(port),
-            "--num_gpus", str(cfg.nproc), script, *script_args]
+    # DeepSpeed's per-node launcher, which its runner would exec for one machine anyway: going
+    # straight to it saves the runner's Python start-up and DeepSpeed import (seconds on a small
+    # machine) and its "Unable to find hostfile" warning.
+    world = base64.urlsafe_b64encode(json.dumps({"localhost": list(range(cfg.nproc or 1))}).encode()).decode()
+    return [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world}",
+            f"--master_addr={cfg.master_addr}", f"--master_port={port}", "--no_local_rank",
+            f"--log_level={cfg.log_level}", script, *script_args]
 
 
 def multi_node_command(cfg: LaunchConfig, master_addr: str, port: int, script_args: list[str]) -> list[str]:
@@ -117,6 +123,8 @@ def launcher_env(cfg: LaunchConfig, ranks_here: Optional[int] = None, cpus: Opti
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(omp_threads(cfg, ranks_here, cpus))
     env["PYTHONUNBUFFERED"] = "1"
+    if not torch.cuda.is_available():  # else DeepSpeed warns "Setting accelerator to CPU" in every process
+        env.setdefault("DS_ACCELERATOR", "cpu")
     env.setdefault("PYTHONPATH", str(REPO))
     return env
 
@@ -137,11 +145,16 @@ def _job_manager_signal() -> Optional[tuple[int, Callable[[int, Optional[FrameTy
     return (sig, handler) if callable(handler) else None
 
 
-def run_launcher(cmd: list[str], env: dict[str, str], run_dir: RunDir | Path, watch: Optional[RankWatch] = None) -> int:
+def run_launcher(cmd: list[str], env: dict[str, str], run_dir: RunDir | Path, watch: Optional[RankWatch] = None,
+                 stall_s: Optional[float] = None) -> int:
     """Run the launcher, forward stop signals to the ranks, and explain a failure in one line.
 
     The first stop signal (or a new stop_request file) is delivered as SIGUSR1 as soon as every
     rank is ready for it; a second one terminates the launcher's process group, a third kills it.
+    A rank whose heartbeat is silent for `stall_s` seconds ends the job at once, named with its
+    step (its peers would otherwise wait in a collective until dist.timeout_s and then blame
+    nobody). Once every rank has recorded a clean exit the job is over, whatever the launcher's
+    own polling still takes.
     """
     run_dir = RunDir.of(run_dir)
     watch = watch or RankWatch(run_dir)
@@ -168,6 +181,8 @@ def run_launcher(cmd: list[str], env: dict[str, str], run_dir: RunDir | Path, wa
 
     handled = [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1] + ([manager[0]] if manager else [])
     previous = {s: signal.signal(s, on_signal) for s in handled}
+    stall: Optional[Stall] = None
+    code: Optional[int] = None
     try:
         while proc.poll() is None:
             watch.poll()
@@ -176,17 +191,43 @@ def run_launcher(cmd: list[str], env: dict[str, str], run_dir: RunDir | Path, wa
             if pending[0] and watch.ready():
                 pending[0] = False
                 watch.signal_ranks(signal.SIGUSR1)
+            stalls = watch.stalls(stall_s) if stall_s else []
+            if stalls:
+                stall = stalls[0]
+                _end_group(proc)
+                watch.signal_ranks(signal.SIGKILL)
+                code = 1
+                break
+            codes = watch.exit_codes()
+            if codes is not None and not any(codes.values()):
+                time.sleep(0.3)  # the launcher's own clean exit, if it is quick
+                if proc.poll() is None:
+                    _end_group(proc)
+                code = 0
+                break
             time.sleep(0.2)
         watch.poll()
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-    code = proc.returncode
-    if code not in (0, USER_ERROR_EXIT):
+    code = proc.returncode if code is None else code
+    if stall is not None:
+        print(f"syncopt: error: {stall.describe()}; the job was stopped; log: "
+              f"{watch.run_dir.rank_log(stall.rank)}", file=sys.stderr, flush=True)
+    elif code not in (0, USER_ERROR_EXIT):
         print(f"syncopt: error: {watch.failure_report(code)}", file=sys.stderr, flush=True)
     if manager is not None and manager[0] in received and code == 0:
         manager[1](manager[0], None)  # submitit: save the submission and requeue (exits)
     return code
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """Kill the launcher and everything it started (its own session), and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 # ---- one launch ---------------------------------------------------------------------------------
@@ -277,8 +318,9 @@ def _wait_for_node0(run_dir: RunDir | Path, expected: dict[str, Any], wait_s: fl
         time.sleep(0.5)
 
 
-def launch(cfg: LaunchConfig, run_dir: RunDir | Path, overrides: list[str]) -> int:
-    """Start the job's ranks (or this node's share of them) and supervise them; the exit code."""
+def launch(cfg: LaunchConfig, run_dir: RunDir | Path, overrides: list[str], stall_s: Optional[float] = None) -> int:
+    """Start the job's ranks (or this node's share of them) and supervise them; the exit code.
+    `stall_s`: how long a rank's heartbeat may be silent before the job is ended (None: never)."""
     run_dir = RunDir.of(run_dir)
     args = _script_args(run_dir, overrides)
     with report_user_errors():
@@ -288,7 +330,15 @@ def launch(cfg: LaunchConfig, run_dir: RunDir | Path, overrides: list[str]) -> i
             plan = _no_ssh_plan(cfg, run_dir, args)
         else:
             plan = _pdsh_plan(cfg, run_dir, args)
-    return run_launcher(plan.cmd, plan.env, run_dir, plan.watch)
+    return run_launcher(plan.cmd, plan.env, run_dir, plan.watch, stall_s)
+
+
+def stall_after_s(timeout_s: float) -> float:
+    """How long a rank's heartbeat may be silent before the job is ended: half the collective
+    timeout (its peers fail at the full timeout anyway), and never under 10 s, so that a rank
+    busy in one long call that holds the interpreter (pickling a big checkpoint) is not taken
+    for a stopped one."""
+    return max(10.0, timeout_s / 2)
 
 
 def stopped_message(run_dir: RunDir | Path) -> Optional[str]:

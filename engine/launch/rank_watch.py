@@ -11,11 +11,30 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from core.rundir import RunDir
 from engine.launch.remote import catches, signal_remote
+from engine.train.heartbeat import read_step
+
+
+@dataclass(frozen=True)
+class Stall:
+    """A rank whose heartbeat stopped while its process is still there."""
+
+    rank: int
+    step: Optional[int]
+    silent_s: float
+    stopped: bool  # its process is in the stopped state (SIGSTOP, a debugger)
+
+    def describe(self) -> str:
+        where = f"at step {self.step}" if self.step is not None else "before its first step"
+        how = "its process is in the stopped state, as after SIGSTOP" if self.stopped else "its process is alive but silent"
+        return (f"rank {self.rank} stopped making progress {where}: no sign of life for "
+                f"{self.silent_s:.0f} s ({how})")
 
 
 class RankWatch:
@@ -36,6 +55,7 @@ class RankWatch:
         self.ssh_port = ssh_port
         self.pids: dict[int, int] = {}
         self.gone: list[int] = []  # ranks in the order their process disappeared
+        self._beats: dict[int, tuple[tuple[int, int], float]] = {}  # rank -> (file stamp, seen at)
         self._request_seen = self._request_stamp()
 
     def _mine(self, rank: int) -> bool:
@@ -47,7 +67,7 @@ class RankWatch:
 
     def clear(self) -> None:
         """Remove this launch's ranks' pid and error files from an earlier launch (not other nodes')."""
-        for kind in ("pid", "error"):
+        for kind in ("pid", "error", "exit", "progress"):
             for rank, path in self.run_dir.rank_files(kind).items():
                 if self._mine(rank):
                     path.unlink(missing_ok=True)
@@ -80,6 +100,44 @@ class RankWatch:
         for rank, pid in self.pids.items():
             if rank not in self.gone and not _alive(pid):
                 self.gone.append(rank)
+
+    def exit_codes(self) -> Optional[dict[int, int]]:
+        """Every local rank's exit code once all of them have ended (None before that, and for
+        launches with ranks on other hosts). Lets the job end as soon as its ranks have, instead of
+        waiting for the launcher's polling loop and teardown."""
+        if self.remote or not self.pids or (self.local_ranks is not None and set(self.pids) != self.local_ranks):
+            return None
+        codes = {}
+        for rank in self.pids:
+            if rank not in self.gone:
+                return None
+            try:
+                codes[rank] = int(self.run_dir.rank_exit(rank).read_text())
+            except (OSError, ValueError):
+                return None
+        return codes
+
+    def stalls(self, silent_s: float) -> list[Stall]:
+        """This launch's ranks whose heartbeat has not changed for `silent_s` seconds while their
+        process is alive (or, on another host, while no exit is recorded)."""
+        now = time.monotonic()
+        found = []
+        for rank, path in self.run_dir.rank_files("progress").items():
+            if not self._mine(rank) or rank in self.gone or self.run_dir.rank_exit(rank).exists():
+                continue
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            stamp = (st.st_ino, st.st_mtime_ns)
+            seen = self._beats.get(rank)
+            if seen is None or seen[0] != stamp:
+                self._beats[rank] = (stamp, now)
+                continue
+            if now - seen[1] >= silent_s:
+                pid = self.pids.get(rank)
+                found.append(Stall(rank, read_step(path), now - seen[1], pid is not None and _stopped(pid)))
+        return found
 
     def ready(self) -> bool:
         """Whether a stop signal can be delivered now: every rank of this launch has started, and
@@ -154,4 +212,13 @@ def _alive(pid: int) -> bool:
         with open(f"/proc/{pid}/stat") as fh:
             return fh.read().split()[2] != "Z"
     except OSError:
+        return False
+
+
+def _stopped(pid: int) -> bool:
+    """Whether a local process is in the stopped (T) or traced (t) state."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
         return False

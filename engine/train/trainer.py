@@ -29,6 +29,7 @@ from engine.report.run_report import RunFacts, RunReport
 from engine.report.summary import gather_summary
 from engine.train.checkpointer import Checkpointer
 from engine.train.evaluation import Evaluator
+from engine.train.heartbeat import Heartbeat
 from engine.train.imbalance import ImbalanceInjector
 from engine.train.optim import Schedule, build_optimizer
 from engine.train.rng import capture_rng, restore_rng, seed_everything
@@ -146,6 +147,10 @@ class Trainer:
         finally:
             stop.close()
             self.algo.close()
+            for stream in (self.train_stream, self.eval_stream):
+                close = getattr(stream, "close", None)  # loader workers end now, not at exit
+                if close is not None:
+                    close()
             if self.report:
                 self.report.close(stopped)
 
@@ -229,6 +234,9 @@ def run_facts(plan: RunPlan, trainer: Trainer) -> RunFacts:
                     steps_per_epoch=trainer.steps_per_epoch)
 
 
-def train_rank(plan: RunPlan, ctx: DistContext) -> Optional[dict[str, Any]]:
+def train_rank(plan: RunPlan, ctx: DistContext, heartbeat: Optional[Heartbeat] = None) -> Optional[dict[str, Any]]:
     torch.manual_seed(plan.config.seed)
-    return Trainer(plan, ctx).run()
+    trainer = Trainer(plan, ctx)
+    if heartbeat is not None:
+        heartbeat.state = trainer.state  # the step it reports
+    return trainer.run()
