@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 import torch
 
+from data import DATASETS
 from tests.datagen import (cifar_label, imagefolder_label, read_identity, sample_image, write_cifar,
                            write_imagefolder)
 from tests.harness import REPO, compose, run_ranks
@@ -97,14 +98,8 @@ def _image_set_report(pipeline: str, root: str, name: str) -> dict[str, Any]:
     from data import DataRequest, build_data
 
     cfg = data_config(name, pipeline, root)
-    if name == "cifar10":
-        from data.cifar import MEAN, STD
-
-        mean, std, label_of = MEAN[name], STD[name], lambda i: cifar_label(i, 10)
-    else:
-        from data.imagenet import MEAN, STD
-
-        mean, std, label_of = MEAN, STD, lambda i: imagefolder_label(i, FOLDER_CLASSES)
+    mean, std = DATASETS.get(name).mean, DATASETS.get(name).std
+    label_of = (lambda i: cifar_label(i, 10)) if name == "cifar10" else (lambda i: imagefolder_label(i, FOLDER_CLASSES))
     streams = [build_data(cfg, DataRequest(BATCH, 10, seed=5, shard=r, num_shards=SHARDS, eval_shard=r,
                                            eval_num_shards=SHARDS)) for r in range(SHARDS)]
     out: dict[str, Any] = {"ids": [], "labels_ok": True}
@@ -165,7 +160,7 @@ CROP_SHAPES = ((300, 400), (10, 400))  # (height, width): a photograph, and one 
 
 def _ffcv_crop_windows(n: int = 4000) -> dict[tuple[int, int], np.ndarray]:
     """FFCV's seeded RandomResizedCrop windows (top, left, h, w) for n sample keys."""
-    from data.ffcv_ops import mix64, torchvision_rrc_window
+    from data.pipelines.ffcv_ops import mix64, torchvision_rrc_window
 
     scale, log_ratio = np.array([0.08, 1.0]), np.log(np.array([3 / 4, 4 / 3]))
     return {(h, w): np.array([torchvision_rrc_window(np.uint64(mix64(np.uint64(k))), h, w, scale, log_ratio)
@@ -296,7 +291,7 @@ def test_trainer_runs_and_resumes_bit_exactly(pipeline: str, data_root: str, tmp
 
 # ---- what a user sees when something is missing ----------------------------------------------
 def test_missing_prepared_files_name_the_command(tmp_path: Path) -> None:
-    from data.preflight import check_data_on_disk
+    from data import check_data_on_disk
     from core.errors import UserError
 
     write_cifar(tmp_path / "cifar10", "cifar10", 8, 4)
@@ -310,7 +305,7 @@ def test_missing_prepared_files_name_the_command(tmp_path: Path) -> None:
 
 
 def test_prepared_digits_of_another_split_are_refused(data_root: str) -> None:
-    from data.preflight import check_data_on_disk
+    from data import check_data_on_disk
     from core.errors import UserError
 
     check_data_on_disk(data_config("digits", "dali", data_root))

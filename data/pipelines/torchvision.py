@@ -1,5 +1,5 @@
-"""The torchvision pipeline: in-memory tensors for digits, DataLoader + torchvision transforms
-for CIFAR and ImageNet.
+"""The torchvision pipeline: samples held as tensors (digits) are sliced in memory; any other
+form is read item by item through a DataLoader and the data set's torchvision transforms.
 
 Random augmentation is seeded per sample from (seed, epoch, index) (`data.sampler.sample_seed`),
 so the images a rank sees do not depend on how samples were spread over loader workers, and a
@@ -14,8 +14,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from data.config import DataConfig
+from data.forms.base import Samples
+from data.forms.tensors import TensorSamples
 from data.sampler import eval_slice, sample_seed, shard_indices
-from data.stream import Batch, TensorEvalStream, TensorTrainStream
+from data.sets import DATASETS
+from data.stream import Batch, DataRequest, EvalStream, TensorEvalStream, TensorTrainStream, TrainStream
 
 
 class SeededDataset(Dataset):
@@ -87,85 +90,32 @@ class LoaderEvalStream:
         yield from self._loader
 
 
-def _digits(cfg: DataConfig, req: Any) -> tuple[Optional[TensorTrainStream], TensorEvalStream]:
-    from data.digits import load_digits_split
+def _train_stream(samples: Samples, transform: Optional[Callable], cfg: DataConfig,
+                  req: DataRequest) -> TrainStream:
+    if isinstance(samples, TensorSamples):  # the model's input already: sliced, not loaded
+        return TensorTrainStream(samples.x, samples.y, req.batch_size, req.seed, req.shard, req.num_shards)
+    return LoaderTrainStream(SeededDataset(len(samples), samples.item, transform), req.batch_size, req.seed,
+                             req.shard, req.num_shards, cfg.num_workers, _pin(req))
 
-    x_tr, y_tr, x_te, y_te = load_digits_split(cfg.test_fraction, cfg.split_seed)
+
+def _eval_stream(samples: Samples, transform: Optional[Callable], cfg: DataConfig,
+                 req: DataRequest) -> EvalStream:
+    if isinstance(samples, TensorSamples):
+        return TensorEvalStream(samples.x, samples.y, req.eval_batch_size, req.eval_shard, req.eval_num_shards)
+    return LoaderEvalStream(SeededDataset(len(samples), samples.item, transform), req.eval_batch_size,
+                            req.eval_shard, req.eval_num_shards, cfg.num_workers, _pin(req))
+
+
+def _pin(req: DataRequest) -> bool:
+    return str(req.device).startswith("cuda")
+
+
+def build(cfg: DataConfig, req: DataRequest) -> tuple[Optional[TrainStream], EvalStream]:
+    dataset = DATASETS.get(cfg.name)
+    train_tf = eval_tf = None
+    if not issubclass(dataset.form, TensorSamples):
+        train_tf, eval_tf = dataset.torchvision_transforms(cfg)
     train = None
     if req.shard is not None:
-        train = TensorTrainStream(x_tr, y_tr, req.batch_size, req.seed, req.shard, req.num_shards)
-    return train, TensorEvalStream(x_te, y_te, req.eval_batch_size, req.eval_shard, req.eval_num_shards)
-
-
-def cifar_transforms(cfg: DataConfig) -> tuple[Callable, Callable]:
-    """Padded random crop + flip for training; normalisation for both (uint8 HWC arrays in)."""
-    from torchvision import transforms as T
-
-    from data.cifar import MEAN, STD
-
-    to_tensor = T.Compose([T.ToTensor(), T.Normalize(MEAN[cfg.name], STD[cfg.name])])
-    if not cfg.augment:
-        return to_tensor, to_tensor
-    size = cfg.image_size or 32
-    train = T.Compose([T.ToPILImage(), T.RandomCrop(size, padding=4), T.RandomHorizontalFlip(), to_tensor])
-    return train, to_tensor
-
-
-def imagenet_transforms(cfg: DataConfig) -> tuple[Callable, Callable]:
-    """RandomResizedCrop + flip for training; resize + centre crop for evaluation."""
-    from torchvision import transforms as T
-
-    from data.imagenet import MEAN, STD
-
-    size = cfg.image_size or 224
-    resize = cfg.eval_resize or round(size * 256 / 224)
-    norm = [T.ToTensor(), T.Normalize(MEAN, STD)]
-    evals = T.Compose([T.Resize(resize), T.CenterCrop(size), *norm])
-    if not cfg.augment:
-        return evals, evals
-    return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), *norm]), evals
-
-
-class _ArrayItems:
-    """index -> (image, label) over in-memory arrays; a class, not a closure, so that loader
-    workers started by spawn or forkserver (a rank inside a test's forkserver) can unpickle it."""
-
-    def __init__(self, x: Any, y: Any) -> None:
-        self.x, self.y = x, y
-
-    def __call__(self, i: int) -> tuple[Any, int]:
-        return self.x[i], int(self.y[i])
-
-
-def _datasets(cfg: DataConfig) -> tuple[SeededDataset, SeededDataset]:
-    if cfg.name in ("cifar10", "cifar100"):
-        from data.cifar import load_cifar
-
-        train_tf, eval_tf = cifar_transforms(cfg)
-        (x_tr, y_tr), (x_te, y_te) = (load_cifar(cfg.root, cfg.name, split) for split in (True, False))
-        return (SeededDataset(len(y_tr), _ArrayItems(x_tr, y_tr), train_tf),
-                SeededDataset(len(y_te), _ArrayItems(x_te, y_te), eval_tf))
-    from torchvision.datasets import ImageFolder
-
-    from data.imagenet import imagefolder_split
-
-    train_tf, eval_tf = imagenet_transforms(cfg)
-    out = []
-    for split, tf in (("train", train_tf), ("val", eval_tf)):
-        folder = ImageFolder(str(imagefolder_split(cfg.root, split)))
-        out.append(SeededDataset(len(folder), folder.__getitem__, tf))
-    return out[0], out[1]
-
-
-def build(cfg: DataConfig, req: Any) -> tuple[Any, Any]:
-    if cfg.name == "digits":
-        return _digits(cfg, req)
-    train_set, eval_set = _datasets(cfg)
-    pin = str(req.device).startswith("cuda")
-    train = None
-    if req.shard is not None:
-        train = LoaderTrainStream(train_set, req.batch_size, req.seed, req.shard, req.num_shards,
-                                  cfg.num_workers, pin)
-    evals = LoaderEvalStream(eval_set, req.eval_batch_size, req.eval_shard, req.eval_num_shards,
-                             cfg.num_workers, pin)
-    return train, evals
+        train = _train_stream(dataset.samples(cfg, "train"), train_tf, cfg, req)
+    return train, _eval_stream(dataset.samples(cfg, "val"), eval_tf, cfg, req)
