@@ -259,6 +259,29 @@ def test_same_samples_as_torchvision(pipeline: str, data_root: str) -> None:
             assert torch.allclose(a, b, atol=1e-5, rtol=0)
 
 
+# ---- the torchvision loaders and torch's global RNG -------------------------------------------
+@pytest.mark.parametrize("workers", [0, 1])
+def test_torchvision_loaders_leave_the_global_rng_alone(tmp_path: Path, workers: int) -> None:
+    """Starting a DataLoader iterator draws its workers' base seed; from the loader's own
+    generator (seeded by seed and epoch), not torch's global RNG, which belongs to training and
+    which a resumed run, starting mid-epoch, must find as the uninterrupted run left it. The
+    batches depend on (seed, epoch) alone."""
+    from data import DataRequest, build_data
+
+    write_cifar(tmp_path / "cifar10", "cifar10", 32, 8)
+    cfg = data_config("cifar10", "torchvision", str(tmp_path), f"data.num_workers={workers}")
+    train, evals = build_data(cfg, DataRequest(4, 4, seed=3, shard=0, num_shards=2, eval_shard=0, eval_num_shards=1))
+    reads = []
+    for global_seed in (11, 12):
+        torch.manual_seed(global_seed)
+        before = torch.get_rng_state()
+        read = [x for epoch in (0, 1) for x, _ in train.batches(epoch)] + [x for x, _ in train.batches(1, 2)]
+        read += [x for x, _ in evals.batches()]
+        assert torch.equal(torch.get_rng_state(), before), "iterating the loaders drew from torch's global RNG"
+        reads.append(read)
+    assert _same(reads[0], reads[1]), "batches depend on the global RNG"
+
+
 # ---- the trainer with each pipeline ----------------------------------------------------------
 def train_and_resume(rank: int, world: int, pipeline: str, root: str, tmp: str) -> dict[str, Any]:
     from tests.harness import train_in_rank

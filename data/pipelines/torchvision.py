@@ -4,6 +4,11 @@ form is read item by item through a DataLoader and the data set's torchvision tr
 Random augmentation is seeded per sample from (seed, epoch, index) (`data.sampler.sample_seed`),
 so the images a rank sees do not depend on how samples were spread over loader workers, and a
 resumed run sees exactly the augmented batches the uninterrupted run would have seen.
+
+Each DataLoader has its own generator, seeded from (seed, epoch) before every pass: starting an
+iterator draws the workers' base seed, which without a generator comes from torch's global RNG,
+so every epoch would shift the training RNG (dropout, the plugins' draws) by one draw that a
+resumed run, starting mid-epoch, would not repeat.
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 from data.config import DataConfig
 from data.forms.base import Samples
 from data.forms.tensors import TensorSamples
-from data.sampler import eval_slice, sample_seed, shard_indices
+from data.sampler import epoch_seed, eval_slice, sample_seed, shard_indices
 from data.sets import DATASETS
 from data.stream import Batch, DataRequest, EvalStream, TensorEvalStream, TensorTrainStream, TrainStream
 
@@ -65,8 +70,10 @@ class LoaderTrainStream:
         self.num_samples = len(dataset)
         self.steps_per_epoch = (len(dataset) // num_shards) // batch_size
         self._sampler = _EpochBatches()
+        self._generator = torch.Generator()
         self._loader = DataLoader(dataset, batch_sampler=self._sampler, num_workers=num_workers,
-                                  pin_memory=pin_memory, persistent_workers=num_workers > 0)
+                                  pin_memory=pin_memory, persistent_workers=num_workers > 0,
+                                  generator=self._generator)
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         idx = shard_indices(self.num_samples, self.seed, epoch, self.shard, self.num_shards).tolist()
@@ -75,18 +82,21 @@ class LoaderTrainStream:
             [(i, sample_seed(self.seed, epoch, i)) for i in idx[b * bs:(b + 1) * bs]]
             for b in range(start, self.steps_per_epoch)
         ]
+        self._generator.manual_seed(epoch_seed(self.seed, epoch))
         yield from self._loader
 
 
 class LoaderEvalStream:
-    def __init__(self, dataset: SeededDataset, batch_size: int, shard: int, num_shards: int,
+    def __init__(self, dataset: SeededDataset, batch_size: int, seed: int, shard: int, num_shards: int,
                  num_workers: int, pin_memory: bool) -> None:
-        self.num_samples = len(dataset)
+        self.num_samples, self.seed = len(dataset), seed
         subset = torch.utils.data.Subset(dataset, list(eval_slice(len(dataset), shard, num_shards)))
+        self._generator = torch.Generator()
         self._loader = DataLoader(subset, batch_size=batch_size, num_workers=num_workers,
-                                  pin_memory=pin_memory)
+                                  pin_memory=pin_memory, generator=self._generator)
 
     def batches(self) -> Iterator[Batch]:
+        self._generator.manual_seed(self.seed)  # (the test set is read in order, unaugmented)
         yield from self._loader
 
 
@@ -103,7 +113,7 @@ def _eval_stream(samples: Samples, transform: Optional[Callable], cfg: DataConfi
     if isinstance(samples, TensorSamples):
         return TensorEvalStream(samples.x, samples.y, req.eval_batch_size, req.eval_shard, req.eval_num_shards)
     return LoaderEvalStream(SeededDataset(len(samples), samples.item, transform), req.eval_batch_size,
-                            req.eval_shard, req.eval_num_shards, cfg.num_workers, _pin(req))
+                            req.seed, req.eval_shard, req.eval_num_shards, cfg.num_workers, _pin(req))
 
 
 def _pin(req: DataRequest) -> bool:
