@@ -6,7 +6,9 @@
     python -m data.prepare data=digits data.pipeline=dali           # one file per sample
     python -m data.prepare ... force=true                           # overwrite what is there
 
-It composes the same conf/ tree as cli.py (so `data.*` overrides and conf/local apply) and
+It composes the parts of cli.py's tree that say what to write (conf/prepare.yaml: the
+`data=NAME` option, `paths` and conf/local, so `data.*` overrides and this machine's data root
+apply; models, algorithms and the runner's schema live on higher floors and are not needed) and
 writes where the run will read (`data.ffcv.dir`, `data.dali.dir`), with progress bars. Existing
 files are never overwritten unless `force=true`; a file is written under a temporary name and
 renamed when complete, so an interrupted write leaves nothing that looks ready.
@@ -24,11 +26,12 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import hydra
+from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import UserError, report_user_errors
-from data import load_data_config
-from data.config import DataConfig, Pipeline
+from data import load_data_config, register_configs
+from data.config import DataConfig, PathsConfig, Pipeline
 from data.prepared import MANIFEST, expected_files, needs_preparation, prepared_dir, write_manifest
 from data.sets import DATASETS
 from data.sets.base import DataSet
@@ -128,6 +131,13 @@ def prepare(cfgs: Sequence[DataConfig], force: bool = False, workers: Optional[i
     return [f for _, f in todo]
 
 
+def register_prepare_configs() -> None:
+    """conf/prepare.yaml's schema (`paths`, typed; other sections of conf/local pass untouched)
+    and the `data=NAME` options."""
+    ConfigStore.instance().store(name="_prepare_schema", node={"paths": PathsConfig})
+    register_configs()
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="prepare")
 def main(cfg: DictConfig) -> None:
     with report_user_errors("data.prepare"):
@@ -136,4 +146,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    register_prepare_configs()
     main()
