@@ -28,6 +28,14 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from core.errors import UserError  # noqa: E402  (the repository is on the path from here on)
+from data import DataRequest, build_data, load_data_config  # noqa: E402
+from data.prepare import prepare  # noqa: E402
+from data.prepared import check_prepared  # noqa: E402
+from engine.config import register_schemas  # noqa: E402
+from tests import datagen  # noqa: E402
+
 PIPELINES = ("torchvision", "ffcv", "dali")
 
 
@@ -36,8 +44,7 @@ def data_config(args: argparse.Namespace, pipeline: str) -> Any:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from data import load_data_config
-
+    register_schemas()  # the typed schema and the data sets' options, which conf/config.yaml names
     overrides = ["data=imagenet", f"data.root={args.dir}", f"data.pipeline={pipeline}",
                  f"data.image_size={args.crop}", f"data.num_workers={args.workers}", "data.num_classes=10"]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
@@ -49,11 +56,6 @@ def data_config(args: argparse.Namespace, pipeline: str) -> Any:
 def make_data(args: argparse.Namespace) -> None:
     """The ImageFolder (generated again when the generator changes) and its .beton (written
     when missing or stale)."""
-    from data.prepare import prepare
-    from data.prepared import check_prepared
-    from core.errors import UserError
-    from tests import datagen
-
     root = Path(args.dir)
     version = hashlib.sha256(inspect.getsource(datagen).encode()).hexdigest()[:12]
     done = root / f"generated_{version}"
@@ -74,8 +76,6 @@ def measure(pipeline: str, args: argparse.Namespace, out: Any) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from data import DataRequest, build_data
-
     t0 = time.perf_counter()
     train, _ = build_data(data_config(args, pipeline),
                           DataRequest(args.batch_size, args.batch_size, seed=0, shard=0, num_shards=1,

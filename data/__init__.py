@@ -1,58 +1,35 @@
-"""Data sets and pipelines behind one registry.
+"""Data sets and the pipelines that read them: what the runner imports from the data floor.
 
-`data.name` picks the data set (digits, cifar10, cifar100, imagenet) and `data.pipeline` how it
-is read (torchvision, ffcv, dali). Every pipeline yields the same `TrainStream`/`EvalStream`
-(`data.stream`), sharded by `data.sampler`'s rules, so the trainer does not know which one runs.
-Nothing here downloads: a missing data set is a `UserError` naming the path and what must be there.
-FFCV and DALI read files that `python -m data.prepare` writes (`data/prepare.py`);
+`data.name` picks a data set (`data.sets`: one object per file, behind the `DATASETS` registry)
+and `data.pipeline` how it is read (`data.pipelines`: torchvision, FFCV, DALI). Every pipeline
+yields the same `TrainStream`/`EvalStream` (`data.stream`), sharded by `data.sampler`'s rules, so
+the trainer does not know which one runs; the pipelines ask the data set's object for everything
+particular to it. Nothing here downloads: a missing data set is a `UserError` naming the path and
+what must be there. FFCV and DALI read files that `python -m data.prepare` writes;
 docs/pipelines.md says how the three pipelines differ.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
-from dataclasses import dataclass
 from typing import Any, Optional
 
-from data.config import DataConfig, DataSpec, PathsConfig  # noqa: F401
+import torch
+from hydra.core.config_store import ConfigStore
+
 from core.errors import UserError
+from core.schema import typed_section
+from core.spec import DataSpec
+from data.config import DataConfig, PathsConfig, Pipeline
+from data.pipelines import PIPELINES
+from data.prepared import check_prepared, needs_preparation
+from data.sets import DATASETS, register_dataset
+from data.sets.base import DataSet
+from data.stream import DataRequest, EvalStream, TrainStream
 
-
-@dataclass(frozen=True)
-class DatasetInfo:
-    in_channels: int
-    image_size: int
-    num_classes: int
-    pipelines: tuple[str, ...]
-
-
-DATASETS: dict[str, DatasetInfo] = {
-    "digits": DatasetInfo(1, 8, 10, ("torchvision", "ffcv", "dali")),
-    "cifar10": DatasetInfo(3, 32, 10, ("torchvision", "ffcv", "dali")),
-    "cifar100": DatasetInfo(3, 32, 100, ("torchvision", "ffcv", "dali")),
-    "imagenet": DatasetInfo(3, 224, 1000, ("torchvision", "ffcv", "dali")),
-}
-
-#: pipeline name -> (module implementing `build(cfg, request)`, package it needs)
-PIPELINES: dict[str, tuple[str, Optional[str]]] = {
-    "torchvision": ("data.torchvision_pipeline", "torchvision"),
-    "ffcv": ("data.ffcv_pipeline", "ffcv"),
-    "dali": ("data.dali_pipeline", "nvidia.dali"),
-}
-
-
-@dataclass(frozen=True)
-class DataRequest:
-    """What the trainer asks of a pipeline on this rank."""
-
-    batch_size: int  # per training rank
-    eval_batch_size: int
-    seed: int
-    shard: Optional[int]  # index among the training ranks; None: this rank does not train
-    num_shards: int
-    eval_shard: int
-    eval_num_shards: int
-    device: Any = "cpu"
+__all__ = ["DATASETS", "DataConfig", "DataRequest", "DataSet", "PathsConfig", "Pipeline", "build_data",
+           "check_data_on_disk", "data_spec", "load_data_config", "num_train_samples", "register_configs",
+           "register_dataset"]
 
 
 def dataset_names() -> list[str]:
@@ -60,58 +37,46 @@ def dataset_names() -> list[str]:
 
 
 def register_configs() -> None:
-    """(temporary: conf/data/*.yaml)"""
+    """One Hydra option per data set (`data=NAME`): the schema with the data set's own values."""
+    store = ConfigStore.instance()
+    for name, dataset in DATASETS.items():
+        store.store(group="data", name=name, node=dataset.config_node())
 
 
 def load_data_config(node: Any) -> DataConfig:
-    from core.schema import typed_section
-
+    """The `data` section merged onto `DataConfig` (ranges checked), for a known data set that
+    can be read with the chosen pipeline, whose package is installed."""
     cfg = typed_section(DataConfig, node, "data")
-    if cfg.name not in DATASETS:
-        raise UserError(f"data.name={cfg.name!r} is not a data set; choose one of {', '.join(DATASETS)}")
-    info = DATASETS[cfg.name]
-    if cfg.pipeline not in PIPELINES:
-        raise UserError(f"data.pipeline={cfg.pipeline!r} is not a pipeline; choose one of {', '.join(PIPELINES)}")
-    if cfg.pipeline not in info.pipelines:
-        raise UserError(f"data.pipeline={cfg.pipeline} cannot read data.name={cfg.name}; "
-                        f"use one of {', '.join(info.pipelines)}")
+    DATASETS.get(cfg.name).check_config(cfg)
     package = PIPELINES[cfg.pipeline][1]
     if package and importlib.util.find_spec(package.split(".")[0]) is None:
         raise UserError(f"data.pipeline={cfg.pipeline} needs the {package} package, which is not "
                         "installed here; run scripts/setup_env.sh (or pick data.pipeline=torchvision)")
-    if cfg.num_workers < 0:
-        raise UserError(f"data.num_workers={cfg.num_workers} must be 0 or more")
-    if not 0 < cfg.test_fraction < 1:
-        raise UserError(f"data.test_fraction={cfg.test_fraction} must be between 0 and 1")
-    if cfg.name != "digits" and not cfg.root:
-        raise UserError(f"data.root is not set for data.name={cfg.name}; set paths.data_root "
-                        "in conf/local/default.yaml or pass data.root=PATH")
     return cfg
 
 
 def data_spec(cfg: DataConfig) -> DataSpec:
-    info = DATASETS[cfg.name]
-    return DataSpec(
-        in_channels=info.in_channels,
-        image_size=cfg.image_size or info.image_size,
-        num_classes=cfg.num_classes or info.num_classes,
-    )
+    return DATASETS.get(cfg.name).spec(cfg)
 
 
 def num_train_samples(cfg: DataConfig) -> Optional[int]:
     """Training-set size when it is known without reading the data (for launch-time checks)."""
-    if cfg.name == "digits":
-        from data.digits import split_sizes
-
-        return split_sizes(cfg.test_fraction)[0]
-    return {"cifar10": 50_000, "cifar100": 50_000}.get(cfg.name)
+    return DATASETS.get(cfg.name).num_train_samples(cfg)
 
 
-def _pipeline_module(pipeline: str) -> Any:
+def check_data_on_disk(cfg: DataConfig) -> None:
+    """Raise `UserError` when what the configured pipeline reads is missing: the prepared files
+    (FFCV; DALI unless it reads the data set in place), naming the command that writes them, or
+    the data set itself. Cheap enough for cli.py to run before launch."""
+    if needs_preparation(cfg):
+        check_prepared(cfg)
+    else:
+        DATASETS.get(cfg.name).check_on_disk(cfg)
+
+
+def _pipeline_module(pipeline: Pipeline) -> Any:
     """Import a pipeline's module without changing torch's intra-op thread count, which belongs
     to the trainer (importing FFCV sets it to 1)."""
-    import torch
-
     threads = torch.get_num_threads()
     try:
         return importlib.import_module(PIPELINES[pipeline][0])
@@ -119,7 +84,7 @@ def _pipeline_module(pipeline: str) -> Any:
         torch.set_num_threads(threads)
 
 
-def build_data(cfg: DataConfig, request: DataRequest) -> tuple[Any, Any]:
+def build_data(cfg: DataConfig, request: DataRequest) -> tuple[Optional[TrainStream], EvalStream]:
     """(TrainStream or None, EvalStream) for this rank, through the configured pipeline."""
     train, evals = _pipeline_module(cfg.pipeline).build(cfg, request)
     if train is not None and train.steps_per_epoch < 1:
@@ -128,10 +93,3 @@ def build_data(cfg: DataConfig, request: DataRequest) -> tuple[Any, Any]:
             f"than the {train.num_samples} training samples of {cfg.name}; use fewer ranks or a "
             "smaller batch")
     return train, evals
-
-
-def check_data_on_disk(cfg: DataConfig) -> None:
-    """(temporary re-export until the data registry lands)"""
-    from data.preflight import check_data_on_disk as check
-
-    check(cfg)

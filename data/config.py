@@ -1,53 +1,69 @@
-"""The `data` config section (one schema for every data set and pipeline).
+"""The `data` config section: one schema for every data set and pipeline, and `paths`.
 
-`data.ffcv` and `data.dali` hold what only that pipeline uses: where `python -m data.prepare`
-writes its files (and the pipeline reads them), and the writer's and loader's settings.
+A data set's own defaults (where it lies, its workers and evaluation batch) are the few values
+its object changes on top of this schema (`DataSet.config`); `data.register_configs` builds the
+`data=NAME` options from them. `data.ffcv` and `data.dali` hold what only that pipeline uses:
+where `python -m data.prepare` writes its files (and the pipeline reads them), and the writer's
+and loader's settings.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Optional
 
-from core.spec import DataSpec  # noqa: F401  (re-exported: data sets declare it)
+from core.schema import Section, option
+
+
+class Pipeline(enum.StrEnum):
+    """How a data set is read (docs/pipelines.md compares them)."""
+
+    torchvision = "torchvision"  # DataLoader + torchvision transforms (tensors in memory for digits)
+    ffcv = "ffcv"  # .beton files, JIT-compiled decoding on threads
+    dali = "dali"  # NVIDIA DALI graphs, CPU or GPU decoding
 
 
 @dataclass
-class FFCVConfig:
+class FFCVConfig(Section):
     dir: Optional[str] = None  # holds train.beton, val.beton; None: <data.root>/ffcv
     # writing ImageFolder data (ffcv-imagenet's settings); CIFAR and digits are stored raw
-    max_resolution: int = 500  # longest side kept; larger images are downscaled when written
-    jpeg_quality: int = 90
-    compress_probability: float = 0.5  # share of images stored as JPEG, the rest as raw pixels
+    max_resolution: int = option(500, ge=1)  # longest side kept; larger images are downscaled when written
+    jpeg_quality: int = option(90, ge=1, le=100)
+    compress_probability: float = option(0.5, ge=0, le=1)  # share of images stored as JPEG, the rest raw
     # reading
     os_cache: bool = True  # read through the page cache (shared by the ranks of a node)
-    batches_ahead: int = 3
+    batches_ahead: int = option(3, ge=1)
 
 
 @dataclass
-class DALIConfig:
+class DALIConfig(Section):
     # CIFAR/digits: the one-file-per-sample copy `data.prepare` writes (ImageNet is read in
     # place from data.root); None: <data.root>/dali
     dir: Optional[str] = None
-    prefetch_queue_depth: int = 2
+    prefetch_queue_depth: int = option(2, ge=1)
 
 
 @dataclass
-class DataConfig:
-    name: str = "digits"  # digits | cifar10 | cifar100 | imagenet
-    pipeline: str = "torchvision"  # torchvision | ffcv | dali
+class DataConfig(Section):
+    name: str = "digits"  # a registered data set (data/sets/): digits | cifar10 | cifar100 | imagenet
+    pipeline: Pipeline = Pipeline.torchvision
     root: Optional[str] = None  # where the data set lies on disk (not used by digits)
-    num_classes: Optional[int] = None  # None: the data set's own
-    image_size: Optional[int] = None  # training crop; None: the data set's default
-    eval_resize: Optional[int] = None  # ImageNet: resize before the centre crop
+    num_classes: Optional[int] = option(None, ge=1)  # None: the data set's own
+    image_size: Optional[int] = option(None, ge=1)  # training crop; None: the data set's default
+    eval_resize: Optional[int] = option(None, ge=1)  # ImageNet: resize before the centre crop
     augment: bool = True  # the data set's standard training augmentation
-    num_workers: int = 0  # loader processes per rank (torchvision); threads for FFCV/DALI (0: 1)
-    eval_batch_size: Optional[int] = None  # None: the training batch size
-    test_fraction: float = 0.2  # digits: held-out share, split with split_seed
+    num_workers: int = option(0, ge=0)  # loader processes per rank (torchvision); threads for FFCV/DALI (0: 1)
+    eval_batch_size: Optional[int] = option(None, ge=1)  # None: the training batch size
+    test_fraction: float = option(0.2, gt=0, lt=1)  # digits: held-out share, split with split_seed
     split_seed: int = 0
     ffcv: FFCVConfig = field(default_factory=FFCVConfig)
     dali: DALIConfig = field(default_factory=DALIConfig)
 
 
 @dataclass
-class PathsConfig:
+class PathsConfig(Section):
+    """The `paths` section: this machine's folders, set once in conf/local/default.yaml (or the
+    SYNCOPT_DATA variable). It sits here because only data sets read it: their `data.root`
+    defaults are `${paths.data_root}/<name>`."""
+
     data_root: str = "${oc.env:SYNCOPT_DATA,datasets}"

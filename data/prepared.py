@@ -1,9 +1,10 @@
 """Where a pipeline's prepared files live, and whether they are there and fit the config.
 
-FFCV reads `.beton` files and DALI reads one file per sample (CIFAR and digits; ImageNet is
-read in place); `python -m data.prepare` writes both, with a `prepared.json` manifest naming
-what they hold, so that a run pointed at files of another data set or another digits split
-stops with one line instead of training on the wrong data.
+FFCV reads `.beton` files and DALI reads one file per sample (unless the data set's form is one
+DALI reads in place: ImageFolder); `python -m data.prepare` writes both, with a `prepared.json`
+manifest naming what they hold (the data set, the pipeline and the data set's
+`prepared_identity`), so that a run pointed at files of another data set or another digits
+split stops with one line instead of training on the wrong data.
 """
 from __future__ import annotations
 
@@ -11,14 +12,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-from data.config import DataConfig
 from core.errors import UserError
+from data.config import DataConfig, Pipeline
+from data.sets import DATASETS
 
 MANIFEST = "prepared.json"
 
 
 def needs_preparation(cfg: DataConfig) -> bool:
-    return cfg.pipeline == "ffcv" or (cfg.pipeline == "dali" and cfg.name != "imagenet")
+    if cfg.pipeline == Pipeline.ffcv:
+        return True
+    return cfg.pipeline == Pipeline.dali and not DATASETS.get(cfg.name).form.dali_reads_in_place
 
 
 def prepared_dir(cfg: DataConfig) -> Path:
@@ -40,10 +44,7 @@ def expected_files(cfg: DataConfig) -> list[Path]:
 
 def identity(cfg: DataConfig) -> dict[str, Any]:
     """What the prepared files' content depends on (the manifest must match it)."""
-    ident: dict[str, Any] = {"name": cfg.name, "pipeline": cfg.pipeline}
-    if cfg.name == "digits":
-        ident.update(test_fraction=cfg.test_fraction, split_seed=cfg.split_seed)
-    return ident
+    return {"name": cfg.name, "pipeline": str(cfg.pipeline), **DATASETS.get(cfg.name).prepared_identity(cfg)}
 
 
 def prepare_command(cfg: DataConfig, force: bool = False) -> str:

@@ -1,17 +1,35 @@
 """The interface between a data pipeline and the trainer.
 
-A pipeline gives the trainer a `TrainStream` (this rank's shard of the training set, as batches
-from a given position) and an `EvalStream` (this rank's slice of the test set). The trainer
-only ever asks for `batches(epoch, start)`, which is all an exact resume needs.
+The trainer says what this rank needs (`DataRequest`); a pipeline gives it a `TrainStream`
+(this rank's shard of the training set, as batches from a given position) and an `EvalStream`
+(this rank's slice of the test set). The trainer only ever asks for `batches(epoch, start)`,
+which is all an exact resume needs.
 """
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Optional, Protocol
 
 import torch
 
+from data.sampler import eval_slice, shard_indices
+
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class DataRequest:
+    """What the trainer asks of a pipeline on this rank."""
+
+    batch_size: int  # per training rank
+    eval_batch_size: int
+    seed: int
+    shard: Optional[int]  # index among the training ranks; None: this rank does not train
+    num_shards: int
+    eval_shard: int
+    eval_num_shards: int
+    device: Any = "cpu"
 
 
 class TrainStream(Protocol):
@@ -36,9 +54,6 @@ class TensorTrainStream:
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int,
                  shard: int, num_shards: int) -> None:
-        from data.sampler import shard_indices
-
-        self._shard_indices = shard_indices
         self.x, self.y = x, y
         self.batch_size, self.seed = batch_size, seed
         self.shard, self.num_shards = shard, num_shards
@@ -46,7 +61,7 @@ class TensorTrainStream:
         self.steps_per_epoch = (len(x) // num_shards) // batch_size
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
-        idx = self._shard_indices(len(self.x), self.seed, epoch, self.shard, self.num_shards)
+        idx = shard_indices(len(self.x), self.seed, epoch, self.shard, self.num_shards)
         for b in range(start, self.steps_per_epoch):
             sel = idx[b * self.batch_size:(b + 1) * self.batch_size]
             yield self.x[sel], self.y[sel]
@@ -55,8 +70,6 @@ class TensorTrainStream:
 class TensorEvalStream:
     def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, shard: int,
                  num_shards: int) -> None:
-        from data.sampler import eval_slice
-
         self.num_samples = len(x)
         sl = eval_slice(len(x), shard, num_shards)
         self.x, self.y = x[sl.start:sl.stop], y[sl.start:sl.stop]

@@ -20,6 +20,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from data import DATASETS
+
 LEVELS, STEP, BASE = 16, 13, 24  # red/green levels: 16 x 16 identities, 13 apart (JPEG-proof)
 
 
@@ -49,10 +51,9 @@ def sample_image(i: int, height: int, width: int) -> np.ndarray:
 def write_cifar(root: str | Path, name: str = "cifar10", n_train: int = 96, n_test: int = 24) -> Path:
     """root/<cifar folder>/ with the official file names; identities 0..n_train-1 (train)
     and n_train.. (test)."""
-    from data.cifar import LAYOUT
-
-    folder, train_files, test_files, label_key = LAYOUT[name]
-    num_classes = 10 if name == "cifar10" else 100
+    cifar = DATASETS.get(name)
+    folder, train_files, test_files, label_key = cifar.folder, cifar.train_files, cifar.test_files, cifar.label_key
+    num_classes = cifar.num_classes
     path = Path(root) / folder
     path.mkdir(parents=True, exist_ok=True)
 

@@ -19,7 +19,7 @@ BATCH = 16
 
 
 def digits() -> tuple[torch.Tensor, torch.Tensor]:
-    from data.digits import load_digits_split
+    from data.sets.digits import load_digits_split
 
     x, y, _, _ = load_digits_split(0.2, 0)
     return x, y

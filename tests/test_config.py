@@ -6,11 +6,13 @@ from pathlib import Path
 import pytest
 
 from core.errors import UserError
+from data import DATASETS
 from tests.harness import CONF, compose
 
 REPO = CONF.parent
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("recipe", "table", "local", "hydra"))
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
+OPTIONS += [("data", name) for name in DATASETS.names()]  # options built from the registry, no YAML
 RECIPES = sorted(str(p.relative_to(REPO / "recipes").with_suffix("")) for p in (REPO / "recipes").rglob("*.yaml")
                  if "tables" not in p.parts)
 
@@ -47,6 +49,9 @@ def test_default_is_the_embedded_digits_job(tmp_path: Path) -> None:
     ("model.width=wide", "model.width='wide'"),
     ("data.name=mnist", "data.name='mnist'"),
     ("data.pipeline=tfdata", "data.pipeline='tfdata'"),
+    ("data.num_workers=-1", "data.num_workers=-1"),
+    ("data.test_fraction=1", "data.test_fraction=1"),
+    ("data.ffcv.jpeg_quality=101", "data.ffcv.jpeg_quality=101"),
     ("algo.name=nope", "algo.name='nope'"),
     ("launch.nproc=0", "launch.nproc=0"),
     ("train.stop_after=0", "train.stop_after=0"),

@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 import torch
 
+from data import DATASETS
 from tests.datagen import (cifar_label, imagefolder_label, read_identity, sample_image, write_cifar,
                            write_imagefolder)
 from tests.harness import REPO, compose, run_ranks
@@ -97,14 +98,8 @@ def _image_set_report(pipeline: str, root: str, name: str) -> dict[str, Any]:
     from data import DataRequest, build_data
 
     cfg = data_config(name, pipeline, root)
-    if name == "cifar10":
-        from data.cifar import MEAN, STD
-
-        mean, std, label_of = MEAN[name], STD[name], lambda i: cifar_label(i, 10)
-    else:
-        from data.imagenet import MEAN, STD
-
-        mean, std, label_of = MEAN, STD, lambda i: imagefolder_label(i, FOLDER_CLASSES)
+    mean, std = DATASETS.get(name).mean, DATASETS.get(name).std
+    label_of = (lambda i: cifar_label(i, 10)) if name == "cifar10" else (lambda i: imagefolder_label(i, FOLDER_CLASSES))
     streams = [build_data(cfg, DataRequest(BATCH, 10, seed=5, shard=r, num_shards=SHARDS, eval_shard=r,
                                            eval_num_shards=SHARDS)) for r in range(SHARDS)]
     out: dict[str, Any] = {"ids": [], "labels_ok": True}
@@ -165,7 +160,7 @@ CROP_SHAPES = ((300, 400), (10, 400))  # (height, width): a photograph, and one 
 
 def _ffcv_crop_windows(n: int = 4000) -> dict[tuple[int, int], np.ndarray]:
     """FFCV's seeded RandomResizedCrop windows (top, left, h, w) for n sample keys."""
-    from data.ffcv_ops import mix64, torchvision_rrc_window
+    from data.pipelines.ffcv_ops import mix64, torchvision_rrc_window
 
     scale, log_ratio = np.array([0.08, 1.0]), np.log(np.array([3 / 4, 4 / 3]))
     return {(h, w): np.array([torchvision_rrc_window(np.uint64(mix64(np.uint64(k))), h, w, scale, log_ratio)
@@ -264,6 +259,29 @@ def test_same_samples_as_torchvision(pipeline: str, data_root: str) -> None:
             assert torch.allclose(a, b, atol=1e-5, rtol=0)
 
 
+# ---- the torchvision loaders and torch's global RNG -------------------------------------------
+@pytest.mark.parametrize("workers", [0, 1])
+def test_torchvision_loaders_leave_the_global_rng_alone(tmp_path: Path, workers: int) -> None:
+    """Starting a DataLoader iterator draws its workers' base seed; from the loader's own
+    generator (seeded by seed and epoch), not torch's global RNG, which belongs to training and
+    which a resumed run, starting mid-epoch, must find as the uninterrupted run left it. The
+    batches depend on (seed, epoch) alone."""
+    from data import DataRequest, build_data
+
+    write_cifar(tmp_path / "cifar10", "cifar10", 32, 8)
+    cfg = data_config("cifar10", "torchvision", str(tmp_path), f"data.num_workers={workers}")
+    train, evals = build_data(cfg, DataRequest(4, 4, seed=3, shard=0, num_shards=2, eval_shard=0, eval_num_shards=1))
+    reads = []
+    for global_seed in (11, 12):
+        torch.manual_seed(global_seed)
+        before = torch.get_rng_state()
+        read = [x for epoch in (0, 1) for x, _ in train.batches(epoch)] + [x for x, _ in train.batches(1, 2)]
+        read += [x for x, _ in evals.batches()]
+        assert torch.equal(torch.get_rng_state(), before), "iterating the loaders drew from torch's global RNG"
+        reads.append(read)
+    assert _same(reads[0], reads[1]), "batches depend on the global RNG"
+
+
 # ---- the trainer with each pipeline ----------------------------------------------------------
 def train_and_resume(rank: int, world: int, pipeline: str, root: str, tmp: str) -> dict[str, Any]:
     from tests.harness import train_in_rank
@@ -296,7 +314,7 @@ def test_trainer_runs_and_resumes_bit_exactly(pipeline: str, data_root: str, tmp
 
 # ---- what a user sees when something is missing ----------------------------------------------
 def test_missing_prepared_files_name_the_command(tmp_path: Path) -> None:
-    from data.preflight import check_data_on_disk
+    from data import check_data_on_disk
     from core.errors import UserError
 
     write_cifar(tmp_path / "cifar10", "cifar10", 8, 4)
@@ -310,7 +328,7 @@ def test_missing_prepared_files_name_the_command(tmp_path: Path) -> None:
 
 
 def test_prepared_digits_of_another_split_are_refused(data_root: str) -> None:
-    from data.preflight import check_data_on_disk
+    from data import check_data_on_disk
     from core.errors import UserError
 
     check_data_on_disk(data_config("digits", "dali", data_root))

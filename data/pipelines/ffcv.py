@@ -7,7 +7,10 @@ samples in the same order as the torchvision pipeline. FFCV's own `distributed=T
 used: it shards over the global ranks (a parameter server's server rank does not train) and
 pads shards with repeated samples.
 
-Resume: augmentation draws come from `data.ffcv_ops` (keyed by seed, epoch and sample index),
+What is read and how it is decoded and augmented is the data set's (`DataSet.ffcv_image_ops`);
+this module adds the tensor conversion, the copy to the device and the order.
+
+Resume: augmentation draws come from `data.pipelines.ffcv_ops` (keyed by seed, epoch and sample index),
 so `batches(epoch, start)` hands FFCV the epoch's order from batch `start` on; the skipped
 batches are never read, and the rest equal what the uninterrupted run read.
 """
@@ -15,24 +18,24 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any, Callable, Optional
+from typing import Optional
 
 import numba
 import numpy as np
 import torch
 from ffcv.fields.basics import IntDecoder
-from ffcv.fields.ndarray import NDArrayDecoder
-from ffcv.fields.rgb_image import CenterCropRGBImageDecoder, SimpleRGBImageDecoder
 from ffcv.loader import Loader, OrderOption
 from ffcv.loader.epoch_iterator import EpochIterator
 from ffcv.pipeline.compiler import Compiler
 from ffcv.transforms import ToDevice, ToTensor
 
 from data.config import DataConfig
-from data.ffcv_ops import EpochKey, SeededFlip, SeededPaddedCrop, SeededRandomResizedCropDecoder
+from data.pipelines.ffcv_ops import EpochKey
 from data.prepared import check_prepared, prepared_dir
 from data.sampler import epoch_seed, eval_slice, shard_indices
-from data.stream import Batch
+from data.sets import DATASETS
+from data.sets.base import Finish
+from data.stream import Batch, DataRequest
 
 
 def _numba_threads_only(cls: type, n: int) -> None:
@@ -50,21 +53,6 @@ Compiler.set_num_threads = classmethod(_numba_threads_only)
 numba.config.THREADING_LAYER = "threadsafe"
 
 
-class _Normalise:
-    """uint8 NHWC -> float NCHW, normalised on the batch's device, with the operations (and so
-    the rounding) of torchvision's ToTensor + Normalize."""
-
-    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
-        self.mean = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
-        self.std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
-
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        if self.mean.device != images.device:
-            self.mean, self.std = self.mean.to(images.device), self.std.to(images.device)
-        x = images.permute(0, 3, 1, 2).contiguous().float().div(255)
-        return x.sub_(self.mean).div_(self.std)
-
-
 class _ShardLoader(Loader):
     """An FFCV `Loader` that reads a given sample order (one epoch of a shard, from a batch on)."""
 
@@ -77,9 +65,6 @@ def _loader(path: str, batch_size: int, cfg: DataConfig, pipelines: dict[str, li
     return _ShardLoader(path, batch_size=batch_size, num_workers=max(1, cfg.num_workers),
                         os_cache=cfg.ffcv.os_cache, order=OrderOption.SEQUENTIAL,
                         pipelines=pipelines, batches_ahead=cfg.ffcv.batches_ahead, drop_last=False)
-
-
-Finish = Callable[[torch.Tensor], torch.Tensor]  # the loader's image tensor -> the model's input
 
 
 def _iterate(loader: _ShardLoader, order: np.ndarray, finish: Finish) -> Iterator[Batch]:
@@ -118,44 +103,29 @@ class FFCVEvalStream:
         yield from _iterate(self.loader, self.order, self.finish)
 
 
-def _image_pipelines(cfg: DataConfig, train: bool, key: EpochKey, device: torch.device) -> tuple[list, Finish]:
-    """(image pipeline up to a uint8 NHWC tensor on `device`, the normalisation after it)."""
-    to_device = [ToDevice(device, non_blocking=True)] if device.type == "cuda" else []
-    if cfg.name == "digits":  # stored normalised, as the torchvision pipeline holds it
-        return [NDArrayDecoder(), ToTensor(), *to_device], lambda x: x.clone()
-    if cfg.name in ("cifar10", "cifar100"):
-        from data.cifar import MEAN, STD
-
-        ops: list = [SimpleRGBImageDecoder()]
-        if train and cfg.augment:
-            ops += [SeededPaddedCrop(4, key), SeededFlip(key)]
-        return ops + [ToTensor(), *to_device], _Normalise(MEAN[cfg.name], STD[cfg.name])
-    from data.imagenet import MEAN, STD
-
-    size = cfg.image_size or 224
-    resize = cfg.eval_resize or round(size * 256 / 224)
-    if train and cfg.augment:
-        ops = [SeededRandomResizedCropDecoder((size, size), key), SeededFlip(key)]
-    else:
-        ops = [CenterCropRGBImageDecoder((size, size), ratio=size / resize)]
-    return ops + [ToTensor(), *to_device], _Normalise(MEAN, STD)
+def _to_device(device: torch.device) -> list:
+    return [ToDevice(device, non_blocking=True)] if device.type == "cuda" else []
 
 
-def build(cfg: DataConfig, req: Any) -> tuple[Optional[FFCVTrainStream], FFCVEvalStream]:
+def _open(cfg: DataConfig, split: str, batch_size: int, key: EpochKey,
+          device: torch.device) -> tuple[_ShardLoader, Finish]:
+    """The split's loader: the data set's decoder and operations (augmenting for "train"), then
+    a tensor on `device`; and the data set's step after the loader (such as normalisation)."""
+    ops, finish = DATASETS.get(cfg.name).ffcv_image_ops(cfg, split == "train", key)
+    pipelines = {"image": [*ops, ToTensor(), *_to_device(device)],
+                 "label": [IntDecoder(), ToTensor(), *_to_device(device)]}
+    return _loader(str(prepared_dir(cfg) / f"{split}.beton"), batch_size, cfg, pipelines), finish
+
+
+def build(cfg: DataConfig, req: DataRequest) -> tuple[Optional[FFCVTrainStream], FFCVEvalStream]:
     check_prepared(cfg)
-    folder = prepared_dir(cfg)
     device = torch.device(req.device)
-    to_device = [ToDevice(device, non_blocking=True)] if device.type == "cuda" else []
     train = None
     if req.shard is not None:
         key = EpochKey()
-        image_ops, finish = _image_pipelines(cfg, True, key, device)
-        loader = _loader(str(folder / "train.beton"), req.batch_size, cfg,
-                         {"image": image_ops, "label": [IntDecoder(), ToTensor(), *to_device]})
+        loader, finish = _open(cfg, "train", req.batch_size, key, device)
         train = FFCVTrainStream(loader, key, finish, int(loader.reader.num_samples), req.batch_size,
                                 req.seed, req.shard, req.num_shards)
-    image_ops, finish = _image_pipelines(cfg, False, EpochKey(), device)
-    loader = _loader(str(folder / "val.beton"), req.eval_batch_size, cfg,
-                     {"image": image_ops, "label": [IntDecoder(), ToTensor(), *to_device]})
+    loader, finish = _open(cfg, "val", req.eval_batch_size, EpochKey(), device)
     return train, FFCVEvalStream(loader, finish, int(loader.reader.num_samples), req.eval_shard,
                                  req.eval_num_shards)

@@ -8,7 +8,9 @@ equals the batch the uninterrupted run read, whatever the thread count or schedu
 
 The crop follows torchvision's `RandomResizedCrop.get_params` (ten tries of area and log-aspect
 draws, then the centre-crop fallback); `SeededPaddedCrop` is `RandomCrop(size, padding)`
-with zero fill; `SeededFlip` flips with probability 1/2.
+with zero fill; `SeededFlip` flips with probability 1/2. `Normalise` is the step after the
+loader, on the batch's device. Data sets build their FFCV pipelines from these
+(`DataSet.ffcv_image_ops`).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Callable, Optional
 
 import numba
 import numpy as np
+import torch
 from ffcv.fields.rgb_image import IMAGE_MODES, ResizedCropRGBImageDecoder
 from ffcv.libffcv import imdecode, resize_crop
 from ffcv.pipeline.allocation_query import AllocationQuery
@@ -214,3 +217,18 @@ class SeededPaddedCrop(Operation):
 
     def declare_state_and_memory(self, previous_state: State) -> tuple[State, Optional[AllocationQuery]]:
         return replace(previous_state, jit_mode=True), AllocationQuery(previous_state.shape, previous_state.dtype)
+
+
+class Normalise:
+    """uint8 NHWC -> float NCHW, normalised on the batch's device, with the operations (and so
+    the rounding) of torchvision's ToTensor + Normalize."""
+
+    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+        self.mean = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
+        self.std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        if self.mean.device != images.device:
+            self.mean, self.std = self.mean.to(images.device), self.std.to(images.device)
+        x = images.permute(0, 3, 1, 2).contiguous().float().div(255)
+        return x.sub_(self.mean).div_(self.std)

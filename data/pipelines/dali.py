@@ -2,9 +2,11 @@
 index among them, num_shards = their number), decoding on the CPU without a GPU
 (`device_id=None`) and `mixed` (nvJPEG) decoding with one; `DALIGenericIterator` into torch.
 
-What it reads: ImageNet, the ImageFolder under `data.root` in place (torchvision's file order);
-CIFAR and digits, the one-file-per-sample copy `python -m data.prepare data.pipeline=dali`
-writes (lossless PNG; digits as .npy of the normalised tensor), listed in index order.
+What it reads: an ImageFolder data set (ImageNet) in place under `data.root` (torchvision's file
+order); CIFAR and digits, the one-file-per-sample copy `python -m data.prepare data.pipeline=dali`
+writes (lossless PNG; digits as .npy of the normalised tensor), listed in index order. How a file
+becomes the model's input (decoding, augmentation, normalisation) is the data set's DALI graph
+(`DataSet.dali_images`).
 
 Order: each epoch the reader gets the file list in `data.sampler`'s order, laid out so that
 DALI's contiguous shard `shard_id` is exactly this rank's strided shard: the same samples in the
@@ -24,21 +26,21 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
-from nvidia.dali import fn, pipeline_def, types
+from nvidia.dali import fn, pipeline_def
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
 from data.config import DataConfig
-from data.prepared import check_prepared, prepared_dir
+from data.prepared import check_prepared, needs_preparation, prepared_dir
 from data.sampler import epoch_shards, eval_slice
-from data.stream import Batch
+from data.sets import DATASETS
+from data.stream import Batch, DataRequest
 
 
 def file_list(cfg: DataConfig, split: str) -> tuple[list[str], list[int]]:
-    """(paths, labels) of a split in the data set's index order."""
-    if cfg.name == "imagenet":
-        from data.imagenet import imagefolder_files
-
-        return imagefolder_files(cfg.root, split)
+    """(paths, labels) of a split in the data set's index order: its own files where DALI reads
+    them in place, else the copy `data.prepare` listed in <dir>/<split>.txt."""
+    if not needs_preparation(cfg):
+        return DATASETS.get(cfg.name).samples(cfg, split).files_in_place()
     folder = prepared_dir(cfg)
     paths, labels = [], []
     for line in (folder / f"{split}.txt").read_text().splitlines():
@@ -48,53 +50,14 @@ def file_list(cfg: DataConfig, split: str) -> tuple[list[str], list[int]]:
     return paths, labels
 
 
-def _normalisation(cfg: DataConfig) -> tuple[list[float], list[float]]:
-    if cfg.name == "imagenet":
-        from data.imagenet import MEAN, STD
-    else:
-        from data.cifar import MEAN as M, STD as S
-
-        MEAN, STD = M[cfg.name], S[cfg.name]  # noqa: N806
-    return [255 * m for m in MEAN], [255 * s for s in STD]
-
-
-def _images(cfg: DataConfig, encoded: Any, train: bool, decoder: str) -> Any:
-    """The graph from encoded files to float CHW images (normalised) for one data set."""
-    if cfg.name == "digits":  # stored normalised
-        images = fn.decoders.numpy(encoded, dtype=types.FLOAT)
-        return images.gpu() if decoder == "mixed" else images
-    mean, std = _normalisation(cfg)
-    norm = dict(mean=mean, std=std, dtype=types.FLOAT, output_layout="CHW")
-    augment = train and cfg.augment
-    if cfg.name in ("cifar10", "cifar100"):
-        images = fn.decoders.image(encoded, device=decoder, output_type=types.RGB)
-        if not augment:
-            return fn.crop_mirror_normalize(images, **norm)
-        size, pad = cfg.image_size or 32, 4  # torchvision's RandomCrop(size, padding=4) + flip
-        padded = fn.crop(images, crop=(size + 2 * pad, size + 2 * pad), out_of_bounds_policy="pad", fill_values=0)
-        offsets = [k / (2 * pad) for k in range(2 * pad + 1)]  # integer pixel offsets 0..2*pad
-        return fn.crop_mirror_normalize(padded, crop=(size, size), crop_pos_x=fn.random.uniform(values=offsets),
-                                        crop_pos_y=fn.random.uniform(values=offsets),
-                                        mirror=fn.random.coin_flip(), **norm)
-    size = cfg.image_size or 224
-    if augment:  # RandomResizedCrop(size) + flip
-        images = fn.decoders.image_random_crop(encoded, device=decoder, output_type=types.RGB,
-                                               random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3],
-                                               num_attempts=10)
-        images = fn.resize(images, size=(size, size))
-        return fn.crop_mirror_normalize(images, mirror=fn.random.coin_flip(), **norm)
-    images = fn.decoders.image(encoded, device=decoder, output_type=types.RGB)
-    images = fn.resize(images, resize_shorter=cfg.eval_resize or round(size * 256 / 224))
-    return fn.crop_mirror_normalize(images, crop=(size, size), **norm)
-
-
 @pipeline_def
 def _graph(cfg: DataConfig, files: list[str], labels: list[int], shard: int, num_shards: int, train: bool,
            decoder: str, pad_last_batch: bool) -> tuple[Any, Any]:
     encoded, label = fn.readers.file(files=files, labels=labels, shard_id=shard, num_shards=num_shards,
                                      random_shuffle=False, stick_to_shard=True, pad_last_batch=pad_last_batch,
                                      name="reader")
-    return _images(cfg, encoded, train, decoder), (label.gpu() if decoder == "mixed" else label)
+    images = DATASETS.get(cfg.name).dali_images(cfg, encoded, train, decoder)
+    return images, (label.gpu() if decoder == "mixed" else label)
 
 
 class _Builder:
@@ -159,7 +122,7 @@ class DALIEvalStream:
                 yield _batch(out)
 
 
-def build(cfg: DataConfig, req: Any) -> tuple[Optional[DALITrainStream], DALIEvalStream]:
+def build(cfg: DataConfig, req: DataRequest) -> tuple[Optional[DALITrainStream], DALIEvalStream]:
     check_prepared(cfg)
     builder = _Builder(cfg, torch.device(req.device))
     train = None

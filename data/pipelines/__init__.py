@@ -1,0 +1,18 @@
+"""The three ways to read a data set (`data.pipeline`); docs/pipelines.md compares them.
+
+Each module has `build(cfg, request) -> (TrainStream or None, EvalStream)` and asks the data
+set's object (`data.sets`) for everything particular to it. A pipeline module imports its
+package (torchvision, FFCV, DALI) at its top, so it is imported only when chosen.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from data.config import Pipeline
+
+#: pipeline -> (module implementing `build(cfg, request)`, the package it needs)
+PIPELINES: dict[Pipeline, tuple[str, Optional[str]]] = {
+    Pipeline.torchvision: ("data.pipelines.torchvision", "torchvision"),
+    Pipeline.ffcv: ("data.pipelines.ffcv", "ffcv"),
+    Pipeline.dali: ("data.pipelines.dali", "nvidia.dali"),
+}

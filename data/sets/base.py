@@ -1,0 +1,102 @@
+"""`DataSet`: everything the runner and the three pipelines ask of one data set, in one object.
+
+A data set's file (data/sets/NAME.py) defines a subclass and registers an instance
+(`register_dataset`). The object holds the facts a model and the launch checks need without
+reading anything (channels, resolution, classes, training-set size), its `data=NAME` config
+defaults, the check that it is on disk (never a download), its splits in one of the shared forms
+(`data.forms`, from which `data.prepare` writes FFCV's and DALI's files), and how each pipeline
+turns a sample into the model's input: torchvision transforms, FFCV decoders and operations, a
+DALI graph. The pipelines hold no code for any particular data set.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Callable, ClassVar, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from core.errors import UserError
+from core.spec import DataSpec
+from data.config import DataConfig, Pipeline
+from data.forms.base import Samples
+
+Transform = Callable[[Any], Any]
+Finish = Callable[[Any], Any]  # FFCV: the loader's image tensor -> the model's input
+
+
+class DataSet(ABC):
+    """Subclasses set the class attributes (or dataclass fields) below and the abstract methods;
+    a pipeline's methods may stay unimplemented when `pipelines` leaves that pipeline out."""
+
+    name: str
+    in_channels: int
+    image_size: int  # default training resolution (`data.image_size` overrides it)
+    num_classes: int  # `data.num_classes` overrides it (a subset of the classes)
+    form: ClassVar[type[Samples]]
+    #: per-channel mean and std of pixels in [0, 1]; None: the samples are stored normalised
+    mean: Optional[tuple[float, ...]] = None
+    std: Optional[tuple[float, ...]] = None
+    #: `data=NAME`'s values where they differ from `DataConfig`'s defaults (interpolations allowed)
+    config: dict[str, Any] = {}  # (read only)
+    pipelines: ClassVar[tuple[Pipeline, ...]] = tuple(Pipeline)
+    needs_root: ClassVar[bool] = True  # False: it ships with a package (no `data.root`)
+
+    # ---- facts and config ------------------------------------------------------------------
+    def spec(self, cfg: DataConfig) -> DataSpec:
+        return DataSpec(in_channels=self.in_channels, image_size=cfg.image_size or self.image_size,
+                        num_classes=cfg.num_classes or self.num_classes)
+
+    def config_node(self) -> DictConfig:
+        """The `data=NAME` option: the schema with this data set's values (checked against it)."""
+        return OmegaConf.merge(OmegaConf.structured(DataConfig), {"name": self.name, **self.config})
+
+    def check_config(self, cfg: DataConfig) -> None:
+        """One-line `UserError` for a config this data set cannot be read with."""
+        if cfg.pipeline not in self.pipelines:
+            raise UserError(f"data.pipeline={cfg.pipeline} cannot read data.name={self.name}; "
+                            f"use one of {', '.join(self.pipelines)}")
+        if self.needs_root and not cfg.root:
+            raise UserError(f"data.root is not set for data.name={self.name}; set paths.data_root "
+                            "in conf/local/default.yaml or pass data.root=PATH")
+
+    def num_train_samples(self, cfg: DataConfig) -> Optional[int]:
+        """Training-set size when it is known without reading the data (launch-time checks)."""
+        return None
+
+    # ---- on disk -----------------------------------------------------------------------------
+    @abstractmethod
+    def check_on_disk(self, cfg: DataConfig) -> None:
+        """Raise a one-line `UserError` naming the path, what must be there and how to get it
+        when the data set is missing; cheap (cli.py runs it before launch); never downloads."""
+
+    @abstractmethod
+    def samples(self, cfg: DataConfig, split: str) -> Samples:
+        """Split "train" or "val" in this data set's form, in its reading order."""
+
+    def prepared_identity(self, cfg: DataConfig) -> dict[str, Any]:
+        """Settings that change the samples (beyond the name): FFCV's and DALI's prepared files
+        record them, and a run with other values refuses those files."""
+        return {}
+
+    # ---- per pipeline ------------------------------------------------------------------------
+    def torchvision_transforms(self, cfg: DataConfig) -> tuple[Transform, Transform]:
+        """(training, evaluation) transforms from `samples().item`'s image to a float CHW tensor."""
+        raise NotImplementedError(f"{self.name} declares no torchvision transforms")
+
+    def ffcv_image_ops(self, cfg: DataConfig, train: bool, epoch_key: Any) -> tuple[list[Any], Finish]:
+        """(FFCV decoder and operations up to uint8 HWC images, the step from the loader's tensor
+        to the model's input). Random operations draw from `epoch_key` (`data.pipelines.ffcv_ops`)
+        so that a resumed run repeats them."""
+        raise NotImplementedError(f"{self.name} declares no FFCV operations")
+
+    def dali_images(self, cfg: DataConfig, encoded: Any, train: bool, decoder: str) -> Any:
+        """The DALI graph from encoded files to float CHW images; `decoder` is "cpu" or "mixed"."""
+        raise NotImplementedError(f"{self.name} declares no DALI graph")
+
+    # ---- helpers for subclasses --------------------------------------------------------------
+    def dali_normalisation(self) -> dict[str, Any]:
+        """`fn.crop_mirror_normalize`'s arguments for this data set's mean and std (pixels 0-255)."""
+        from nvidia.dali import types
+
+        return dict(mean=[255 * m for m in self.mean or ()], std=[255 * s for s in self.std or ()],
+                    dtype=types.FLOAT, output_layout="CHW")

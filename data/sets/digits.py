@@ -1,0 +1,85 @@
+"""digits: scikit-learn's bundled digits set (1,797 real 8x8 handwritten digits), the default.
+
+It ships inside scikit-learn, so the default run needs no download and no data path. The
+train/test split is a seeded permutation (`data.split_seed`, `data.test_fraction`), identical on
+every rank; images are normalised with the training split's statistics and held in memory as
+tensors, which every pipeline yields unchanged (no augmentation: at 8x8 a crop loses the digit).
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Any, Optional
+
+import torch
+
+from data.config import DataConfig
+from data.forms.tensors import TensorSamples
+from data.sets import register_dataset
+from data.sets.base import DataSet, Finish
+
+NUM_SAMPLES = 1797
+
+
+def split_sizes(test_fraction: float) -> tuple[int, int]:
+    n_test = math.ceil(NUM_SAMPLES * test_fraction)
+    return NUM_SAMPLES - n_test, n_test
+
+
+@lru_cache(maxsize=4)
+def load_digits_split(test_fraction: float, split_seed: int) -> tuple[torch.Tensor, ...]:
+    """(x_train, y_train, x_test, y_test); images normalised with the training set's statistics."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = torch.from_numpy(np.asarray(bunch.data, dtype=np.float32)).reshape(-1, 1, 8, 8) / 16.0
+    y = torch.from_numpy(np.asarray(bunch.target, dtype=np.int64))
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(split_seed))
+    n_train, _ = split_sizes(test_fraction)
+    train, test = perm[:n_train], perm[n_train:]
+    mean, std = x[train].mean(), x[train].std()
+    x = (x - mean) / std
+    return x[train].contiguous(), y[train].contiguous(), x[test].contiguous(), y[test].contiguous()
+
+
+def _copy(images: torch.Tensor) -> torch.Tensor:
+    return images.clone()  # FFCV reuses its batch buffers
+
+
+class Digits(DataSet):
+    name = "digits"
+    in_channels, image_size, num_classes = 1, 8, 10
+    form = TensorSamples
+    needs_root = False
+    config = {"augment": False, "eval_batch_size": 360,  # the whole test split in one batch
+              # no data.root: prepared files go under the machine's data folder
+              "ffcv": {"dir": "${paths.data_root}/digits/ffcv"},
+              "dali": {"dir": "${paths.data_root}/digits/dali"}}
+
+    def num_train_samples(self, cfg: DataConfig) -> Optional[int]:
+        return split_sizes(cfg.test_fraction)[0]
+
+    def check_on_disk(self, cfg: DataConfig) -> None:
+        """Nothing to check: scikit-learn carries the data."""
+
+    def samples(self, cfg: DataConfig, split: str) -> TensorSamples:
+        x_tr, y_tr, x_te, y_te = load_digits_split(cfg.test_fraction, cfg.split_seed)
+        return TensorSamples(x_tr, y_tr) if split == "train" else TensorSamples(x_te, y_te)
+
+    def prepared_identity(self, cfg: DataConfig) -> dict[str, Any]:
+        return {"test_fraction": cfg.test_fraction, "split_seed": cfg.split_seed}
+
+    def ffcv_image_ops(self, cfg: DataConfig, train: bool, epoch_key: Any) -> tuple[list[Any], Finish]:
+        from ffcv.fields.ndarray import NDArrayDecoder
+
+        return [NDArrayDecoder()], _copy
+
+    def dali_images(self, cfg: DataConfig, encoded: Any, train: bool, decoder: str) -> Any:
+        from nvidia.dali import fn, types
+
+        images = fn.decoders.numpy(encoded, dtype=types.FLOAT)
+        return images.gpu() if decoder == "mixed" else images
+
+
+DIGITS = register_dataset(Digits())
