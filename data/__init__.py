@@ -33,7 +33,7 @@ __all__ = ["DATASETS", "DataConfig", "DataRequest", "DataSet", "PathsConfig", "P
 
 
 def dataset_names() -> list[str]:
-    return sorted(DATASETS)
+    return DATASETS.names()
 
 
 def register_configs() -> None:

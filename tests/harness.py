@@ -64,8 +64,8 @@ def _context() -> Any:
         # torch._dynamo: every optimizer's constructor imports it on first use (10-20 s per rank
         # on a loaded machine, paid again in every run_ranks call unless the server holds it)
         _CTX.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "tests.harness",
-                                     "tests.plugin_harness", "engine.train.trainer", "cli", "dist_algos", "data.sets.digits",
-                                     "sklearn.datasets"])
+                                     "tests.plugin_harness", "engine.train.trainer", "cli", "dist_algos",
+                                     "data.sets.digits"])
     return _CTX
 
 

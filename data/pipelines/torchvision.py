@@ -85,6 +85,11 @@ class LoaderTrainStream:
         self._generator.manual_seed(epoch_seed(self.seed, epoch))
         yield from self._loader
 
+    def close(self) -> None:
+        """End the persistent loader workers now; left to the interpreter's exit, each is joined
+        in turn with a timeout, which kept finished runs alive for seconds."""
+        shutdown_workers(self._loader)
+
 
 class LoaderEvalStream:
     def __init__(self, dataset: SeededDataset, batch_size: int, seed: int, shard: int, num_shards: int,
@@ -98,6 +103,19 @@ class LoaderEvalStream:
     def batches(self) -> Iterator[Batch]:
         self._generator.manual_seed(self.seed)  # (the test set is read in order, unaugmented)
         yield from self._loader
+
+    def close(self) -> None:
+        shutdown_workers(self._loader)
+
+
+def shutdown_workers(loader: DataLoader) -> None:
+    """Stop a DataLoader's worker processes (a persistent iterator keeps them between epochs).
+    DataLoader has no public call for this; dropping its iterator runs the iterator's own
+    orderly shutdown (a sentinel per worker, then join)."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+    loader._iterator = None
 
 
 def _train_stream(samples: Samples, transform: Optional[Callable], cfg: DataConfig,

@@ -7,11 +7,16 @@ tensors, which every pipeline yields unchanged (no augmentation: at 8x8 a crop l
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
 import torch
+
+from core.errors import UserError
 
 from data.config import DataConfig
 from data.forms.tensors import TensorSamples
@@ -26,15 +31,29 @@ def split_sizes(test_fraction: float) -> tuple[int, int]:
     return NUM_SAMPLES - n_test, n_test
 
 
+def read_bundled_digits() -> tuple[np.ndarray, np.ndarray]:
+    """(pixels 1797x64, labels) from the file scikit-learn ships (`sklearn/datasets/data/
+    digits.csv.gz`, what `load_digits` reads), found without importing scikit-learn: importing
+    it (and SciPy behind it) costs every rank about two seconds of start-up."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError("data.name=digits reads the digits set bundled with scikit-learn, which is not "
+                        "installed here; run scripts/setup_env.sh")
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+    try:
+        table = np.loadtxt(path, delimiter=",")
+    except OSError as err:
+        raise UserError(f"data.name=digits: cannot read scikit-learn's bundled {path} ({err}); "
+                        "reinstall scikit-learn with scripts/setup_env.sh") from None
+    return table[:, :-1], table[:, -1].astype(np.int64)
+
+
 @lru_cache(maxsize=4)
 def load_digits_split(test_fraction: float, split_seed: int) -> tuple[torch.Tensor, ...]:
     """(x_train, y_train, x_test, y_test); images normalised with the training set's statistics."""
-    import numpy as np
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    x = torch.from_numpy(np.asarray(bunch.data, dtype=np.float32)).reshape(-1, 1, 8, 8) / 16.0
-    y = torch.from_numpy(np.asarray(bunch.target, dtype=np.int64))
+    pixels, labels = read_bundled_digits()
+    x = torch.from_numpy(pixels.astype(np.float32)).reshape(-1, 1, 8, 8) / 16.0
+    y = torch.from_numpy(labels)
     perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(split_seed))
     n_train, _ = split_sizes(test_fraction)
     train, test = perm[:n_train], perm[n_train:]
