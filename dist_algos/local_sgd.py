@@ -43,7 +43,19 @@ BN_MODES = ("local", "average", "recompute")
 
 
 @dataclass
-class LocalSGDConfig(AlgoConfig):
+class LocalModelConfig(AlgoConfig):
+    """What every method whose workers hold their own models between synchronisations shares
+    (local SGD, DiLoCo): how the model it evaluates gets its BatchNorm statistics, and the size
+    cap of one all_reduce."""
+
+    bn: str = "local"  # local | average | recompute
+    bn_batches: int = 16  # recompute: micro-batches over all workers (each takes bn_batches // K)
+    bn_micro_batch: Optional[int] = None  # recompute: split training batches to this size; None: whole
+    bucket_mb: Optional[float] = None  # cap of one all_reduce; None: dist_algos.flat.BUCKET_BYTES
+
+
+@dataclass
+class LocalSGDConfig(LocalModelConfig):
     name: str = "local_sgd"
     sync_schedule: str = "constant"  # constant | qsr | linear | post_local
     period: int = 4  # H (constant); H_base (qsr, linear); H after the switch (post_local)
@@ -52,10 +64,18 @@ class LocalSGDConfig(AlgoConfig):
     power: float = 2.0  # qsr; linear forces 1
     switch_step: int = 0  # post_local: synchronous data parallelism before this step
     average_optimizer_fields: list[str] = field(default_factory=list)  # momentum_buffer, exp_avg, exp_avg_sq
-    bn: str = "local"  # local | average | recompute
-    bn_batches: int = 16  # recompute: micro-batches over all workers (each takes bn_batches // K)
-    bn_micro_batch: Optional[int] = None  # recompute: split training batches to this size; None: whole
-    bucket_mb: Optional[float] = None  # cap of one all_reduce; None: dist_algos.flat.BUCKET_BYTES
+
+
+def check_local_model_options(cfg: LocalModelConfig) -> None:
+    """The BatchNorm and bucket options every local-model method shares (one-line UserErrors)."""
+    if cfg.bn not in BN_MODES:
+        raise UserError(f"algo.bn={cfg.bn!r} is not one of {', '.join(BN_MODES)}")
+    if cfg.bn_batches < 1:
+        raise UserError(f"algo.bn_batches={cfg.bn_batches} must be at least 1")
+    if cfg.bn_micro_batch is not None and cfg.bn_micro_batch < 1:
+        raise UserError(f"algo.bn_micro_batch={cfg.bn_micro_batch} must be at least 1 (or null)")
+    if cfg.bucket_mb is not None and cfg.bucket_mb <= 0:
+        raise UserError(f"algo.bucket_mb={cfg.bucket_mb} must be positive (or null for the default)")
 
 
 @register_algorithm("local_sgd")
@@ -70,22 +90,17 @@ class LocalSGD(DistAlgorithm):
         assert isinstance(cfg, LocalSGDConfig)
         if cfg.sync_schedule not in SCHEDULES:
             raise UserError(f"algo.sync_schedule={cfg.sync_schedule!r} is not one of {', '.join(SCHEDULES)}")
-        if cfg.bn not in BN_MODES:
-            raise UserError(f"algo.bn={cfg.bn!r} is not one of {', '.join(BN_MODES)}")
-        for key in ("period", "bn_batches"):
-            if getattr(cfg, key) < 1:
-                raise UserError(f"algo.{key}={getattr(cfg, key)} must be at least 1")
-        for key in ("warmup_period", "bn_micro_batch"):
-            if getattr(cfg, key) is not None and getattr(cfg, key) < 1:
-                raise UserError(f"algo.{key}={getattr(cfg, key)} must be at least 1 (or null)")
+        check_local_model_options(cfg)
+        if cfg.period < 1:
+            raise UserError(f"algo.period={cfg.period} must be at least 1")
+        if cfg.warmup_period is not None and cfg.warmup_period < 1:
+            raise UserError(f"algo.warmup_period={cfg.warmup_period} must be at least 1 (or null)")
         if cfg.alpha < 0:
             raise UserError(f"algo.alpha={cfg.alpha} must be >= 0 (0 keeps H at the warmup period)")
         if cfg.power <= 0:
             raise UserError(f"algo.power={cfg.power} must be positive (QSR uses 2)")
         if cfg.switch_step < 0:
             raise UserError(f"algo.switch_step={cfg.switch_step} must be >= 0")
-        if cfg.bucket_mb is not None and cfg.bucket_mb <= 0:
-            raise UserError(f"algo.bucket_mb={cfg.bucket_mb} must be positive (or null for the default)")
         fields = cfg.average_optimizer_fields
         bad = [f for f in fields if f not in OPTIMIZER_FIELDS]
         if bad or len(set(fields)) != len(fields):
@@ -98,11 +113,8 @@ class LocalSGD(DistAlgorithm):
         cfg = self.cfg
         self.world = self.ctx.world_size
         self.bucket_bytes = int(cfg.bucket_mb * 2**20) if cfg.bucket_mb else BUCKET_BYTES
-        self.rule = SyncRule(schedule=cfg.sync_schedule, sync_period=cfg.period,
-                             warmup_period=cfg.warmup_period or cfg.period, alpha=cfg.alpha,
-                             power=cfg.power, switch_step=cfg.switch_step,
-                             warmup_steps=info.warmup_steps, total_steps=info.total_steps)
-        check_optimizer_fields(optimizer, cfg.average_optimizer_fields)
+        self.rule = self.sync_rule(info)
+        check_optimizer_fields(optimizer, self.averaged_fields())
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.stat_buffers = float_buffers(model) if cfg.bn == "average" else []
         self.field_views: list[torch.Tensor] = []
@@ -120,13 +132,24 @@ class LocalSGD(DistAlgorithm):
         self.finalized = False
         self._scratch: Optional[nn.Module] = None
 
+    def sync_rule(self, info: TrainInfo) -> SyncRule:
+        """When the workers average (a subclass with its own schedule options overrides this)."""
+        cfg = self.cfg
+        return SyncRule(schedule=cfg.sync_schedule, sync_period=cfg.period,
+                        warmup_period=cfg.warmup_period or cfg.period, alpha=cfg.alpha, power=cfg.power,
+                        switch_step=cfg.switch_step, warmup_steps=info.warmup_steps, total_steps=info.total_steps)
+
+    def averaged_fields(self) -> list[str]:
+        """Optimizer fields averaged with the parameters (none where the optimizer is per worker)."""
+        return list(self.cfg.average_optimizer_fields)
+
     def _field_slots(self) -> list[Slot]:
         state = self.optimizer.state
 
         def slot(p: torch.Tensor, name: str) -> Slot:
             return Slot(lambda: state[p].get(name), lambda v: state[p].__setitem__(name, v))
 
-        return [slot(p, name) for p in self.params for name in self.cfg.average_optimizer_fields]
+        return [slot(p, name) for p in self.params for name in self.averaged_fields()]
 
     def _build_flat(self) -> FlatBuffer:
         """Parameters (+ BN statistics for bn=average) + the optimizer fields that exist: optimizers
@@ -169,7 +192,7 @@ class LocalSGD(DistAlgorithm):
         self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
 
     def _average_models(self) -> None:
-        if self.cfg.average_optimizer_fields and not self._fields_attached():
+        if self.averaged_fields() and not self._fields_attached():
             self.flat = self._build_flat()
         self._average(self.flat)
         self.synced = True

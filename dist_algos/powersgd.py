@@ -1,0 +1,194 @@
+"""PowerSGD (Vogels, Karimireddy, Jaggi, NeurIPS 2019): all-reduce of low-rank gradients.
+
+Synchronous data parallelism whose gradient all_reduce is compressed. Per step, after the first
+`start_iter` steps (plain all_reduce of the whole gradient, while training is most sensitive):
+
+1. error feedback: each gradient matrix gets back what compression left out last step;
+2. power iteration (`dist_algos.low_rank`): P = M Q from the warm-started Q (kept from the last
+   step; random, from a seeded generator, the first time or without warm start), all-reduce P
+   (summed: it is orthogonalised next, so its scale does not matter), orthogonalise it,
+   Q = M^T P, all-reduce Q as a mean;
+3. the update direction is P Q^T, the same on every rank; what it missed of this rank's M is
+   its new error. Vectors (biases, norm weights) and matrices whose compression would not send
+   `min_compression_rate` times fewer numbers are all-reduced uncompressed, with P.
+
+So all ranks keep identical models and take the ordinary optimizer step on the decompressed
+gradient (momentum and weight decay as configured). The error buffers, the Q's and the count of
+Q initialisations decide the future and are checkpointed. PyTorch's `powerSGD_hook` for DDP does
+the same per gradient bucket; tests/test_powersgd.py compares the two step for step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from core.errors import UserError
+from core.schema import option
+from dist_algos import register_algorithm
+from dist_algos.base import AlgoConfig, DistAlgorithm, StepContext, TrainInfo
+from dist_algos.comm import allreduce_bytes
+from dist_algos.flat import FlatBuffer, average_, flat_grads
+from dist_algos.low_rank import compressed_shape, orthogonalize_
+
+
+@dataclass
+class PowerSGDConfig(AlgoConfig):
+    name: str = "powersgd"
+    rank: int = option(2, ge=1)  # r: rank of each gradient matrix's approximation (paper: 2 for ResNet-18)
+    start_iter: int = option(10, ge=0)  # steps of plain all_reduce before compressing
+    min_compression_rate: float = option(2.0, ge=1)  # compress a matrix only if it sends this many times fewer numbers
+    warm_start: bool = True  # start each power iteration from the last step's Q
+    error_feedback: bool = True  # add what compression left out back into the next gradient
+    seed: int = 0  # the k-th initialisation of the Q's draws from a generator seeded with seed + k
+
+
+class LowRankMatrices:
+    """The compressed gradients of one model: each as a (1, n, m) view of a flat gradient buffer,
+    with its P (1, n, r) and Q (1, m, r) as views of one P and one Q buffer (one collective each).
+
+    The leading 1 is a batch dimension: the products are batched matrix products (`torch.bmm`),
+    as PyTorch's hook computes them, whose rounding on the CPU differs from plain `mm` for some
+    shapes; with the same kernels the two implementations agree to the last bit per step."""
+
+    def __init__(self, params: list[nn.Parameter], shapes: list[tuple[int, int, int]]) -> None:
+        self.grads = flat_grads(params)
+        if len(self.grads.buffers) > 1:
+            raise UserError("algo=powersgd needs every compressed gradient in one dtype and device")
+        ref = self.grads.buffers[0]
+        self.p_buffer = ref.new_zeros(sum(n * r for n, _, r in shapes))
+        self.q_buffer = ref.new_zeros(sum(m * r for _, m, r in shapes))
+        self.ms: list[torch.Tensor] = [p.grad.view(1, n, m) for p, (n, m, _) in zip(params, shapes)]  # type: ignore[union-attr]
+        self.ps = _views(self.p_buffer, [(n, r) for n, _, r in shapes])
+        self.qs = _views(self.q_buffer, [(m, r) for _, m, r in shapes])
+
+    @property
+    def flat(self) -> torch.Tensor:
+        return self.grads.buffers[0]
+
+
+def _views(buffer: torch.Tensor, shapes: list[tuple[int, int]]) -> list[torch.Tensor]:
+    out, offset = [], 0
+    for rows, cols in shapes:
+        out.append(buffer[offset:offset + rows * cols].view(1, rows, cols))
+        offset += rows * cols
+    return out
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+@register_algorithm("powersgd")
+class PowerSGD(DistAlgorithm):
+    Config = PowerSGDConfig
+    cfg: PowerSGDConfig
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: TrainInfo) -> None:
+        super().setup(model, optimizer, info)
+        cfg = self.cfg
+        params = [p for p in model.parameters() if p.requires_grad]
+        shapes = [compressed_shape(p.shape, cfg.rank, cfg.min_compression_rate) for p in params]
+        self.vector_grads = flat_grads([p for p, s in zip(params, shapes) if s is None])
+        # last layer first: the order backward produces gradients, in which DDP's buckets (and so
+        # PyTorch's hook) hold them; it fixes the order of the Q's random draws
+        compressed = [(p, s) for p, s in zip(params, shapes) if s is not None][::-1]
+        self.low_rank = LowRankMatrices([p for p, _ in compressed], [s for _, s in compressed]) if compressed else None
+        # error feedback over the whole gradient, as PyTorch's hook keeps it per bucket: for what
+        # travels uncompressed the error is this rank's value minus the mean, which sums to zero
+        # over the ranks and so changes the applied mean only by rounding (kept for that rounding:
+        # with it the two implementations agree to the last bit)
+        self.error_pairs = [(g, torch.zeros_like(g)) for g in [*self.vector_grads, *self.low_rank_buffers()]] \
+            if self.low_rank and cfg.error_feedback else []
+        self.q_inits = 0  # initialisations of the Q's so far (each draws from seed + that count)
+        self.q_ready = False  # whether the Q's hold the last step's (warm start)
+        self.gradient_bytes = sum(_nbytes(b) for b in [*self.vector_grads, *self.low_rank_buffers()])
+
+    def low_rank_buffers(self) -> list[torch.Tensor]:
+        return [self.low_rank.flat] if self.low_rank else []
+
+    # ---- training ---------------------------------------------------------------------------
+    def step(self, ctx: StepContext) -> None:
+        if ctx.step < self.cfg.start_iter or self.low_rank is None:
+            self._allreduce_gradients()
+        else:
+            self._compressed_allreduce(self.low_rank)
+        ctx.optimizer_step()
+
+    def _allreduce_gradients(self) -> None:
+        world = self.ctx.world_size
+        if world > 1:
+            with self.comm.timed():
+                average_([*self.vector_grads, *self.low_rank_buffers()], None, world)
+        sent = allreduce_bytes(self.gradient_bytes, world)
+        self.comm.add(sent=sent, recv=sent, syncs=1)
+
+    def _compressed_allreduce(self, low: LowRankMatrices) -> None:
+        world = self.ctx.world_size
+        for grad, error in self.error_pairs:
+            grad.add_(error)
+            error.copy_(grad)  # this rank's corrected gradient; minus what the ranks apply, below
+        if not (self.cfg.warm_start and self.q_ready):
+            self._initial_qs(low.qs)
+        for q in low.qs:
+            orthogonalize_(q[0])
+        for m, p, q in zip(low.ms, low.ps, low.qs):
+            torch.bmm(m, q, out=p)
+        with self.comm.timed():
+            if world > 1:
+                pending = dist.all_reduce(low.p_buffer, async_op=True)
+                average_(list(self.vector_grads), None, world)
+                pending.wait()
+        for p in low.ps:
+            orthogonalize_(p[0])
+        for m, p, q in zip(low.ms, low.ps, low.qs):
+            torch.bmm(m.transpose(1, 2), p, out=q)
+        with self.comm.timed():
+            if world > 1:
+                dist.all_reduce(low.q_buffer)
+                low.q_buffer.div_(world)
+        for m, p, q in zip(low.ms, low.ps, low.qs):
+            torch.bmm(p, q.transpose(1, 2), out=m)
+        for grad, error in self.error_pairs:
+            error.sub_(grad)
+        self.q_ready = True
+        sent = sum(allreduce_bytes(n, world) for n in (_nbytes(low.p_buffer) + sum(map(_nbytes, self.vector_grads)),
+                                                      _nbytes(low.q_buffer)))
+        self.comm.add(sent=sent, recv=sent, syncs=1)
+
+    def _initial_qs(self, qs: list[torch.Tensor]) -> None:
+        """Standard normal Q's, the same on every rank: the k-th initialisation draws them, last
+        layer first, from a CPU generator seeded with seed + k."""
+        generator = torch.Generator().manual_seed(self.cfg.seed + self.q_inits)
+        for q in qs:
+            q.copy_(torch.randn(q.shape, generator=generator, dtype=q.dtype))
+        self.q_inits += 1
+
+    # ---- state and reporting ----------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"q_inits": self.q_inits, "q_ready": self.q_ready}
+        if self.low_rank is not None:
+            state["q"] = self.low_rank.q_buffer.clone()
+        if self.error_pairs:
+            state["errors"] = [error.clone() for _, error in self.error_pairs]
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.q_inits = int(state["q_inits"])
+        self.q_ready = bool(state["q_ready"])
+        if self.low_rank is not None:
+            self.low_rank.q_buffer.copy_(state["q"])
+        for (_, error), saved in zip(self.error_pairs, state.get("errors", [])):
+            error.copy_(saved)
+
+    def summary(self) -> dict[str, Any]:
+        low = self.low_rank
+        compressed = (_nbytes(low.p_buffer) + _nbytes(low.q_buffer)) if low else 0
+        vectors = sum(map(_nbytes, self.vector_grads))
+        return {"rank": self.cfg.rank, "start_iter": self.cfg.start_iter,
+                "compressed_matrices": len(low.ms) if low else 0,
+                "gradient_bytes": self.gradient_bytes, "bytes_per_compressed_step": compressed + vectors,
+                "compression_ratio": round(self.gradient_bytes / (compressed + vectors), 2) if low else 1.0}
