@@ -222,11 +222,13 @@ def data_request(plan: RunPlan, ctx: DistContext) -> DataRequest:
 
 def run_facts(plan: RunPlan, trainer: Trainer) -> RunFacts:
     cfg = plan.config
+    net = cfg.launch.network
     return RunFacts(algo=cfg.algo.name, model=cfg.model.get("name"), data=cfg.data.name,
                     pipeline=str(cfg.data.pipeline), seed=cfg.seed, world_size=plan.world_size,
                     train_ranks=plan.num_train_ranks, global_batch=plan.batch.global_batch,
                     peak_lr=plan.hyper.peak_lr, total_steps=trainer.total_steps,
-                    steps_per_epoch=trainer.steps_per_epoch)
+                    steps_per_epoch=trainer.steps_per_epoch,
+                    network=net.record(plan.world_size // plan.ranks_per_node) if net.emulated else None)
 
 
 def train_rank(plan: RunPlan, ctx: DistContext) -> Optional[dict[str, Any]]:
