@@ -55,7 +55,7 @@ class Trainer:
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * self.steps_per_epoch
         self.optimizer = build_optimizer(self.model, cfg.optim, plan.hyper.peak_lr)
         self.schedule = Schedule(cfg.sched, plan.hyper.peak_lr, self.total_steps, self.steps_per_epoch)
-        self.local = LocalStep(cfg.train, ctx, self.model, self.optimizer, plan.batch.micro)
+        self.local = LocalStep(cfg.train, ctx, self.model, self.optimizer, plan.batch.micro, self.algo.no_sync)
         self.imbalance = ImbalanceInjector(cfg.train.imbalance, ctx.rank)
         self.state = TrainState()
         self.checkpointer = Checkpointer(cfg.checkpoint, plan.run_dir, ctx, cfg.algo.name, plan.resume_keys,
