@@ -25,6 +25,7 @@ registry-wide tests (reference equivalence where it declares one, exact resume a
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -157,6 +158,12 @@ class DistAlgorithm(ABC):
     @abstractmethod
     def step(self, ctx: StepContext) -> None:
         """Communicate as the algorithm says and apply the local update (`ctx.optimizer_step`)."""
+
+    def no_sync(self) -> contextlib.AbstractContextManager[Any]:
+        """The trainer runs every micro-batch's backward but the last inside this (gradient
+        accumulation), as torch DDP's `no_sync`: a plugin that communicates from gradient hooks
+        during backward holds them there. Default: nothing to hold."""
+        return contextlib.nullcontext()
 
     def eval_model(self, model: nn.Module) -> Optional[nn.Module]:
         """The model to evaluate on this rank (None on ranks outside `eval_ranks`)."""

@@ -4,7 +4,8 @@ One machine: `launch.nproc` ranks through DeepSpeed's launcher (or torchrun). Se
 `launch.hostfile` (DeepSpeed's format, see hostfile.example) through DeepSpeed's multi-node
 runner, over pdsh and ssh by default, or with `launch.no_ssh=true` by running the same command on
 every node with its `launch.node_rank` (what slurm/syncopt.sbatch does). docs/multinode.md has
-the whole story.
+the whole story. An emulated cluster on this machine: `launch.network` (engine/launch/network.py),
+whose nodes split `launch.nproc` and are launched as a no-ssh multi-node job.
 
 These checks read no file, so every rank can load the section; the hostfile itself is read by
 the launching process (`launch_shape`, `engine.launch`).
@@ -18,6 +19,7 @@ from typing import Any, Optional
 from core.errors import UserError
 from core.schema import Section, option, typed_section
 from engine.launch.hostfile import NodePlan, node_plan
+from engine.launch.network import NetworkConfig
 
 CPU_DEFAULT_NPROC = 4
 
@@ -60,6 +62,8 @@ class LaunchConfig(Section):
     ssh_port: Optional[int] = option(None, ge=1, le=65535)  # DeepSpeed --ssh_port (pdsh and the pre-launch checks)
     export_env: list[str] = option(factory=lambda: list(DEFAULT_EXPORT_ENV))
     node_wait_s: float = option(120.0, gt=0)  # no_ssh: how long node_rank>0 waits to see node 0's launch.json
+    # ---- an emulated cluster on this machine (engine/launch/network.py) ----
+    network: NetworkConfig = option(factory=NetworkConfig)  # kind=emulated: nodes and links on this machine
 
 
 def default_nproc() -> int:
@@ -98,10 +102,35 @@ def _check_multi_node(launch: LaunchConfig) -> None:
                         "(with ssh, pdsh starts every node itself)")
 
 
+def _check_network(launch: LaunchConfig) -> None:
+    """An emulated cluster splits this machine's `launch.nproc` ranks over its nodes; it is one
+    machine's launch, so the multi-node and address options have no place beside it."""
+    net = launch.network
+    if not net.emulated:
+        unused = net.unused_settings()
+        if unused:
+            raise UserError(f"launch.network.{unused[0]} is set but launch.network.kind=none; add "
+                            "launch.network.kind=emulated to emulate the cluster, or drop it")
+        return
+    if launch.hostfile or launch.launcher != Launcher.deepspeed:
+        what = f"launch.hostfile={launch.hostfile}" if launch.hostfile else f"launch.launcher={launch.launcher}"
+        raise UserError(f"launch.network emulates nodes on this machine through DeepSpeed's launcher; "
+                        f"it cannot be combined with {what}")
+    if launch.master_addr is not None:
+        raise UserError(f"launch.master_addr={launch.master_addr}: with launch.network the master is "
+                        "the first emulated node; leave it null")
+    nproc = launch.nproc or default_nproc()
+    nodes = net.nodes or nproc
+    if nproc < 2 or nproc % nodes:
+        raise UserError(f"launch.network.nodes={nodes} must divide launch.nproc={nproc} (the ranks are split "
+                        "evenly over the nodes; at least 2 nodes)")
+
+
 def load_launch_config(node: Any) -> LaunchConfig:
     """The checked section, with this machine's defaults filled in (ranks, master address)."""
     launch = typed_section(LaunchConfig, node, "launch")
     _check_multi_node(launch)
+    _check_network(launch)
     if launch.nproc is None and not launch.hostfile:
         launch = replace(launch, nproc=default_nproc())
     if launch.master_addr is None and not launch.hostfile:
@@ -116,7 +145,14 @@ def launch_shape(launch: LaunchConfig) -> tuple[int, int]:
     if launch.hostfile:
         plan = node_plan_of(launch)
         return plan.world_size, plan.ranks_per_node
+    if launch.network.emulated:
+        return launch.nproc, launch.nproc // emulated_nodes(launch)
     return launch.nproc, launch.nproc
+
+
+def emulated_nodes(launch: LaunchConfig) -> int:
+    """The number of nodes of `launch.network` (null: one per rank)."""
+    return launch.network.nodes or launch.nproc
 
 
 def node_plan_of(launch: LaunchConfig) -> NodePlan:

@@ -21,7 +21,9 @@ Three ways to start the ranks (docs/multinode.md):
 - `launch.hostfile` with `launch.no_ssh=true`: this process is one node (`launch.node_rank`);
   the same command runs on every node (slurm/syncopt.sbatch does that), and each watches and
   signals only its own ranks. Node 0 writes `logs/launch.json`; the others wait to see it,
-  which proves the run directory is shared before any rank starts.
+  which proves the run directory is shared before any rank starts;
+- `launch.network`: an emulated cluster on this machine (engine.launch.network builds it and
+  removes it afterwards), each node's share started the no-ssh way inside its namespace.
 """
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any, Callable, Optional
@@ -44,6 +47,8 @@ import torch
 from core.errors import USER_ERROR_EXIT, UserError, report_user_errors
 from core.rundir import RunDir
 from engine.launch.config import Launcher, LaunchConfig, node_plan_of
+from engine.launch.network import MASTER_PORT, EmulatedCluster, write_hostfile
+from engine.launch.node_group import node_group_command
 from engine.launch.rank_watch import RankWatch, Stall
 from engine.launch.remote import probe_hosts, write_deepspeed_env
 
@@ -300,6 +305,17 @@ def _no_ssh_plan(cfg: LaunchConfig, run_dir: RunDir | Path, args: list[str]) -> 
     return _Plan(multi_node_command(cfg, master_addr, cfg.master_port, args), env, watch)
 
 
+def _emulated_plan(cfg: LaunchConfig, run_dir: RunDir, args: list[str], cluster: EmulatedCluster) -> _Plan:
+    """launch.network: node i's share of the ranks started by DeepSpeed's no-ssh launch inside
+    node i's namespace, as on real nodes; all nodes share this machine's cores."""
+    hostfile = write_hostfile(cluster, run_dir.logs / "emulated_hostfile")
+    node = replace(cfg, hostfile=str(hostfile), no_ssh=True, master_port=MASTER_PORT)
+    cmds = [cluster.prefix(i) + multi_node_command(replace(node, node_rank=i), cluster.master_addr, MASTER_PORT, args)
+            for i in range(cluster.nodes)]
+    env = {**launcher_env(cfg, cfg.nproc), **cluster.env()}
+    return _Plan(node_group_command(cmds), env, RankWatch(run_dir, local_ranks=set(range(cfg.nproc))))
+
+
 def _wait_for_node0(run_dir: RunDir | Path, expected: dict[str, Any], wait_s: float) -> None:
     """Wait until node 0's launch record for this job is visible here: the run dir is shared."""
     path = RunDir.of(run_dir).launch_record
@@ -323,14 +339,18 @@ def launch(cfg: LaunchConfig, run_dir: RunDir | Path, overrides: list[str], stal
     `stall_s`: how long a rank's heartbeat may be silent before the job is ended (None: never)."""
     run_dir = RunDir.of(run_dir)
     args = _script_args(run_dir, overrides)
-    with report_user_errors():
-        if not cfg.hostfile:
+    # launch.network: built here, removed when the launch ends however it ends (engine.launch.network)
+    network = EmulatedCluster(cfg.network, cfg.nproc) if cfg.network.emulated else nullcontext()
+    with report_user_errors(), network as cluster:
+        if cluster is not None:
+            plan = _emulated_plan(cfg, run_dir, args, cluster)
+        elif not cfg.hostfile:
             plan = _local_plan(cfg, run_dir, args)
         elif cfg.no_ssh:
             plan = _no_ssh_plan(cfg, run_dir, args)
         else:
             plan = _pdsh_plan(cfg, run_dir, args)
-    return run_launcher(plan.cmd, plan.env, run_dir, plan.watch, stall_s)
+        return run_launcher(plan.cmd, plan.env, run_dir, plan.watch, stall_s)
 
 
 def stall_after_s(timeout_s: float) -> float:

@@ -35,6 +35,7 @@ class RunFacts:
     peak_lr: float
     total_steps: int
     steps_per_epoch: int
+    network: Optional[dict[str, Any]] = None  # the emulated link (launch.network), None on loopback
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -50,6 +51,8 @@ class RunReport:
         run_dir.config.write_text(OmegaConf.to_yaml(raw, resolve=True))
         run_dir.stopped.unlink(missing_ok=True)
         self.reporter = Reporter(run_dir, logger, OmegaConf.to_container(raw, resolve=True), state.resumed_from)
+        if facts.network is not None:  # what the following records ran on (a resumed part may differ)
+            self.reporter.log({"kind": "run", "step": state.step, "network": facts.network})
         self._loss = torch.zeros((), dtype=torch.float64)
         self._correct = self._seen = self._window_samples = 0
         self._window_t = time.perf_counter()

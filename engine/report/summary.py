@@ -44,6 +44,7 @@ def gather_summary(mine: dict[str, Any], world_size: int, reporting: bool, resul
         "comm_s": max(e["comm"]["comm_s"] for e in every),
         "imbalance_s": [round(e["imbalance_s"], 3) for e in every],
         "resumed_from": state.resumed_from,
+        "network": facts.network,
     }
     algo_summary = merge_algo([e["algo"] for e in every])
     if algo_summary:
@@ -71,6 +72,10 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
         ("wall time", f"{summary['wall_s']:.1f} s"),
         ("run directory", str(run_dir)),
     ]
+    net = summary.get("network")
+    if net:
+        extra = "".join(f", {k} {net[k]:g}" for k in ("latency_ms", "jitter_ms", "loss_pct") if net.get(k))
+        rows.insert(-2, ("emulated network", f"{net['nodes']} nodes, {net['bandwidth_mbit']:g} Mbit/s links{extra}"))
     for key, value in rows:
         table.add_row(key, value)
     Console(file=sys.stdout, width=100).print(table)

@@ -3,8 +3,9 @@ accumulation), under autocast at the configured precision, and the local optimiz
 plugins trigger through `StepContext.optimizer_step` (unscale, clip, step)."""
 from __future__ import annotations
 
-from contextlib import nullcontext
-from typing import Optional
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Optional
 
 import torch
 import torch.nn as nn
@@ -29,8 +30,9 @@ def resolve_precision(requested: Precision, is_cuda: bool) -> Precision:
 
 class LocalStep:
     def __init__(self, cfg: TrainConfig, ctx: DistContext, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 micro_batch: int) -> None:
+                 micro_batch: int, no_sync: Callable[[], AbstractContextManager[Any]] = nullcontext) -> None:
         self.ctx, self.model, self.optimizer, self.micro = ctx, model, optimizer, micro_batch
+        self.no_sync = no_sync  # the plugin's: held around every micro-batch's backward but the last
         self.grad_clip: Optional[float] = cfg.grad_clip
         self.precision = resolve_precision(cfg.precision, ctx.is_cuda)
         self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=self.precision == Precision.fp16 and ctx.is_cuda)
@@ -48,10 +50,12 @@ class LocalStep:
         self.model.train()
         loss_sum = torch.zeros((), device=dev)
         correct = torch.zeros((), device=dev, dtype=torch.long)
-        for xm, ym in zip(x.split(self.micro), y.split(self.micro)):
+        chunks = list(zip(x.split(self.micro), y.split(self.micro)))
+        for i, (xm, ym) in enumerate(chunks):
             logits = self.forward(self.model, xm)
             loss = self.criterion(logits.float(), ym)
-            self.scaler.scale(loss * (len(xm) / len(x))).backward()
+            with self.no_sync() if i < len(chunks) - 1 else nullcontext():
+                self.scaler.scale(loss * (len(xm) / len(x))).backward()
             loss_sum += loss.detach() * len(xm)
             correct += (logits.argmax(1) == ym).sum()
         return loss_sum / len(x), correct

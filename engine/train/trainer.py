@@ -56,7 +56,7 @@ class Trainer:
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * self.steps_per_epoch
         self.optimizer = build_optimizer(self.model, cfg.optim, plan.hyper.peak_lr)
         self.schedule = Schedule(cfg.sched, plan.hyper.peak_lr, self.total_steps, self.steps_per_epoch)
-        self.local = LocalStep(cfg.train, ctx, self.model, self.optimizer, plan.batch.micro)
+        self.local = LocalStep(cfg.train, ctx, self.model, self.optimizer, plan.batch.micro, self.algo.no_sync)
         self.imbalance = ImbalanceInjector(cfg.train.imbalance, ctx.rank)
         self.state = TrainState()
         self.checkpointer = Checkpointer(cfg.checkpoint, plan.run_dir, ctx, cfg.algo.name, plan.resume_keys,
@@ -227,11 +227,13 @@ def data_request(plan: RunPlan, ctx: DistContext) -> DataRequest:
 
 def run_facts(plan: RunPlan, trainer: Trainer) -> RunFacts:
     cfg = plan.config
+    net = cfg.launch.network
     return RunFacts(algo=cfg.algo.name, model=cfg.model.get("name"), data=cfg.data.name,
                     pipeline=str(cfg.data.pipeline), seed=cfg.seed, world_size=plan.world_size,
                     train_ranks=plan.num_train_ranks, global_batch=plan.batch.global_batch,
                     peak_lr=plan.hyper.peak_lr, total_steps=trainer.total_steps,
-                    steps_per_epoch=trainer.steps_per_epoch)
+                    steps_per_epoch=trainer.steps_per_epoch,
+                    network=net.record(plan.world_size // plan.ranks_per_node) if net.emulated else None)
 
 
 def train_rank(plan: RunPlan, ctx: DistContext, heartbeat: Optional[Heartbeat] = None) -> Optional[dict[str, Any]]:
