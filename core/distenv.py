@@ -1,9 +1,16 @@
-"""Who this process is in the job, and torch.distributed set-up.
+"""Who this process is in the job, which device it trains on, and torch.distributed set-up.
 
 A launched rank learns its place from the launcher's environment (DeepSpeed: RANK, LOCAL_RANK,
 WORLD_SIZE, LOCAL_SIZE, CROSS_RANK, CROSS_SIZE; torchrun: LOCAL_WORLD_SIZE, GROUP_RANK, NNODES).
 A run with no launcher is a world of one, still with a (gloo) process group so that plugins
 and the trainer never branch on "is distributed".
+
+Devices and backend are one decision (`plan_devices`), taken the same way by cli.py before
+launch and by every rank: a GPU per rank and NCCL where the node has a GPU for each of its
+ranks; where it has fewer (four ranks on a one-GPU machine, where most people try a method
+first), the ranks share the GPUs round-robin and the process group is gloo, which carries CUDA
+tensors in its collectives but, unlike NCCL, accepts several ranks on one GPU. The context
+(`DistContext`) carries the choice, so that every side group a plugin makes follows it.
 """
 from __future__ import annotations
 
@@ -16,9 +23,13 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from core.errors import UserError
 from core.schema import Section, option
 
 LAUNCHED_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+#: NCCL groups get a gloo side for CPU tensors (evaluation sums, stop flags, object gathers),
+#: which a bare "nccl" group refuses
+NCCL_WITH_CPU = "cpu:gloo,cuda:nccl"
 
 
 def inside_launched_rank() -> bool:
@@ -27,17 +38,80 @@ def inside_launched_rank() -> bool:
 
 
 class Backend(enum.StrEnum):
-    auto = "auto"  # NCCL with CUDA, gloo without
-    gloo = "gloo"
-    nccl = "nccl"
+    auto = "auto"  # NCCL with a GPU per rank, gloo when ranks share GPUs or run on the CPU
+    gloo = "gloo"  # CUDA tensors too where the ranks use GPUs
+    nccl = "nccl"  # needs a GPU of its own for every rank
+
+
+class DeviceKind(enum.StrEnum):
+    auto = "auto"  # a GPU when one is visible, else the CPU
+    cpu = "cpu"
+    cuda = "cuda"
 
 
 @dataclass
 class DistConfig(Section):
-    """The `dist` section: the process group's backend and how long a collective may wait."""
+    """The `dist` section: the process group's backend, the ranks' device, and how long a
+    collective may wait."""
 
     backend: Backend = Backend.auto
+    device: DeviceKind = DeviceKind.auto
     timeout_s: float = option(60.0, gt=0)  # a collective waiting longer than this fails the job
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """One rank's device and the job's backend, as `plan_devices` decides them."""
+
+    backend: str  # "gloo" or "nccl"
+    device_index: Optional[int]  # this rank's GPU; None: the CPU
+    shared: bool  # the node has more ranks than GPUs: they take turns on them (round-robin)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu") if self.device_index is None else torch.device("cuda", self.device_index)
+
+
+def plan_devices(backend: str, ranks_per_node: int, visible_gpus: int, local_rank: int = 0,
+                 device: str = DeviceKind.auto) -> DevicePlan:
+    """The backend, this rank's device and whether GPUs are shared, from what was asked
+    (`dist.backend`, `dist.device`) and what the node has; a `UserError` naming the value and
+    the fix for a combination that cannot run (checked before launch, again in every rank)."""
+    backend, device = str(backend), str(device)
+    if device == DeviceKind.cuda and visible_gpus < 1:
+        raise UserError("dist.device=cuda but no GPU is visible here (CUDA_VISIBLE_DEVICES, driver); "
+                        "use dist.device=auto or cpu")
+    use_cuda = visible_gpus > 0 and device != DeviceKind.cpu
+    if not use_cuda:
+        if backend == Backend.nccl:
+            raise UserError("dist.backend=nccl needs a GPU per rank, but these ranks run on the CPU "
+                            f"({'dist.device=cpu' if device == DeviceKind.cpu else 'no GPU is visible'}); "
+                            "use dist.backend=auto or gloo")
+        return DevicePlan(backend=Backend.gloo.value, device_index=None, shared=False)
+    shared = ranks_per_node > visible_gpus
+    if backend == Backend.nccl and shared:
+        raise UserError(f"dist.backend=nccl with {ranks_per_node} ranks on a node of {visible_gpus} GPU(s): NCCL "
+                        "cannot put two ranks on one GPU; use dist.backend=auto (the ranks share the GPUs over "
+                        f"gloo) or launch.nproc={visible_gpus}")
+    chosen = Backend.gloo if backend == Backend.gloo or shared else Backend.nccl
+    return DevicePlan(backend=chosen.value, device_index=local_rank % visible_gpus, shared=shared)
+
+
+def sharing_note(ranks_per_node: int, visible_gpus: int) -> str:
+    """The one line cli.py prints before launching ranks that share GPUs."""
+    return (f"{ranks_per_node} ranks per node share {visible_gpus} GPU(s) round-robin (local rank r on GPU "
+            f"r % {visible_gpus}); process group: gloo with CUDA tensors, since NCCL needs a GPU per rank "
+            f"(launch.nproc={visible_gpus} for that)")
+
+
+def visible_gpus() -> int:
+    """GPUs this process can use (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def process_group_backend(backend: str) -> str:
+    """What torch.distributed is given for a group of `backend` (see NCCL_WITH_CPU)."""
+    return NCCL_WITH_CPU if str(backend) == Backend.nccl else str(backend)
 
 
 @dataclass
@@ -49,16 +123,26 @@ class DistContext:
     node_rank: int
     num_nodes: int
     device: torch.device
-    backend: str
+    backend: str  # "gloo" or "nccl": the one every group of the run uses unless it asks otherwise
     timeout_s: float
+    shared_device: bool = False  # ranks of this node share GPUs (the backend is gloo then)
 
     @property
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
 
+    @property
+    def num_devices(self) -> int:
+        """Distinct devices of the job (GPUs, or CPU processes): what per-device rates divide by."""
+        if not self.is_cuda:
+            return self.world_size
+        per_node = min(self.local_size, max(visible_gpus(), 1)) if self.shared_device else self.local_size
+        return per_node * self.num_nodes
+
     def new_group(self, ranks: Optional[list[int]] = None, backend: Optional[str] = None) -> Any:
-        """A process group; every rank must call this with the same arguments in the same order."""
-        return dist.new_group(ranks=ranks, backend=backend or self.backend,
+        """A process group; every rank must call this with the same arguments in the same order.
+        Its backend is the run's unless `backend` says otherwise (a gloo group for CPU messages)."""
+        return dist.new_group(ranks=ranks, backend=process_group_backend(backend or self.backend),
                               timeout=datetime.timedelta(seconds=self.timeout_s))
 
 
@@ -69,9 +153,9 @@ def _env_int(*names: str, default: int) -> int:
     return default
 
 
-def init_distributed(backend: str = "auto", timeout_s: float = 60.0) -> DistContext:
-    """Initialise torch.distributed from the launcher's environment (or as a world of one)."""
-    backend = str(backend)
+def init_distributed(backend: str = "auto", timeout_s: float = 60.0, device: str = "auto") -> DistContext:
+    """Initialise torch.distributed from the launcher's environment (or as a world of one), on
+    the device and backend `plan_devices` gives this rank."""
     launched = inside_launched_rank()
     rank = _env_int("RANK", default=0)
     world = _env_int("WORLD_SIZE", default=1)
@@ -79,23 +163,22 @@ def init_distributed(backend: str = "auto", timeout_s: float = 60.0) -> DistCont
     local_size = _env_int("LOCAL_SIZE", "LOCAL_WORLD_SIZE", default=world)
     node_rank = _env_int("CROSS_RANK", "GROUP_RANK", "NODE_RANK", default=rank // max(local_size, 1))
     num_nodes = _env_int("CROSS_SIZE", "NNODES", default=max(world // max(local_size, 1), 1))
-    use_cuda = torch.cuda.is_available() and backend != "gloo"
-    if backend == "auto":
-        backend = "nccl" if use_cuda else "gloo"
-    if use_cuda:
-        torch.cuda.set_device(local_rank % torch.cuda.device_count())
-        device = torch.device("cuda", torch.cuda.current_device())
-    else:
-        device = torch.device("cpu")
+    plan = plan_devices(backend, local_size if launched else 1, visible_gpus(), local_rank, device)
+    if plan.device_index is not None:
+        torch.cuda.set_device(plan.device_index)
     timeout = datetime.timedelta(seconds=timeout_s)
+    chosen = plan.backend
     if not dist.is_initialized():
         if launched:
-            dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout,
-                                    device_id=device if use_cuda else None)
+            dist.init_process_group(process_group_backend(chosen), rank=rank, world_size=world, timeout=timeout,
+                                    device_id=plan.device if chosen == Backend.nccl else None)
         else:
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-            backend = "gloo"
-    return DistContext(rank, world, local_rank, local_size, node_rank, num_nodes, device, backend, timeout_s)
+            chosen = Backend.gloo.value
+    else:  # set up already (tests): the context says what the group is
+        chosen = Backend.nccl.value if Backend.nccl in str(dist.get_backend()) else Backend.gloo.value
+    return DistContext(rank, world, local_rank, local_size, node_rank, num_nodes, plan.device, chosen, timeout_s,
+                       shared_device=plan.shared)
 
 
 def shutdown_distributed() -> None:

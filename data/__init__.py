@@ -22,6 +22,7 @@ from core.schema import typed_section
 from core.spec import DataSpec
 from data.config import DataConfig, PathsConfig, Pipeline
 from data.pipelines import PIPELINES
+from data.prefetch import prefetched
 from data.prepared import check_prepared, needs_preparation
 from data.sets import DATASETS, register_dataset
 from data.sets.base import DataSet
@@ -85,8 +86,13 @@ def _pipeline_module(pipeline: Pipeline) -> Any:
 
 
 def build_data(cfg: DataConfig, request: DataRequest) -> tuple[Optional[TrainStream], EvalStream]:
-    """(TrainStream or None, EvalStream) for this rank, through the configured pipeline."""
-    train, evals = _pipeline_module(cfg.pipeline).build(cfg, request)
+    """(TrainStream or None, EvalStream) for this rank, through the configured pipeline; a
+    pipeline that hands batches over in host memory (`BATCHES_ON_HOST`) gets them copied to a
+    GPU one batch ahead (`data.prefetch`)."""
+    module = _pipeline_module(cfg.pipeline)
+    train, evals = module.build(cfg, request)
+    if getattr(module, "BATCHES_ON_HOST", False):
+        train, evals = prefetched(train, request.device), prefetched(evals, request.device)
     if train is not None and train.steps_per_epoch < 1:
         raise UserError(
             f"train.batch_size={request.batch_size} x {request.num_shards} training ranks is more "

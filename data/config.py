@@ -21,6 +21,7 @@ class Pipeline(enum.StrEnum):
     torchvision = "torchvision"  # DataLoader + torchvision transforms (tensors in memory for digits)
     ffcv = "ffcv"  # .beton files, JIT-compiled decoding on threads
     dali = "dali"  # NVIDIA DALI graphs, CPU or GPU decoding
+    device = "device"  # in-memory sets (digits, CIFAR) held on the training device, augmented there in batches
 
 
 @dataclass

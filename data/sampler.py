@@ -33,10 +33,20 @@ def shard_indices(n: int, seed: int, epoch: int, shard: int, num_shards: int) ->
     return epoch_shards(n, seed, epoch, num_shards)[shard].contiguous()
 
 
+_SAMPLE_STRIDE = 2_654_435_761
+
+
 def sample_seed(seed: int, epoch: int, index: int) -> int:
     """Seed for one sample's random augmentation: independent of worker scheduling, so that
     resumed and uninterrupted runs augment every sample identically."""
-    return (epoch_seed(seed, epoch) * 2_654_435_761 + index) % (2**63)
+    return (epoch_seed(seed, epoch) * _SAMPLE_STRIDE + index) % (2**63)
+
+
+def sample_seeds(seed: int, epoch: int, indices: torch.Tensor) -> torch.Tensor:
+    """`sample_seed` of every index (int64, on the indices' device): one tensor operation, for
+    pipelines that augment whole batches on the device."""
+    base = (epoch_seed(seed, epoch) * _SAMPLE_STRIDE) % (2**63)
+    return (indices.long() + base) & (2**63 - 1)  # int64 addition wraps; the mask is the modulo
 
 
 def eval_slice(n: int, shard: int, num_shards: int) -> range:

@@ -16,7 +16,7 @@ from core.schema import typed_section
 from dist_algos.base import AlgoConfig, DistAlgorithm
 
 ALGORITHMS: Registry[type[DistAlgorithm]] = Registry(
-    "algorithm", "algo.name", packages=["dist_algos"], skip={"base", "comm", "flat"})
+    "algorithm", "algo.name", packages=["dist_algos"], skip={"base", "comm", "flat", "p2p"})
 
 
 def register_algorithm(name: str) -> Callable[[type[DistAlgorithm]], type[DistAlgorithm]]:

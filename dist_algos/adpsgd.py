@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from dist_algos import register_algorithm
+from dist_algos import p2p, register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, StepContext, TrainInfo
 from dist_algos.consensus import average_model_, average_model_copy
 from dist_algos.flat import FlatBuffer
@@ -121,8 +121,8 @@ class PairwiseAverager:
                 partner = bipartite_partner(self.rank, self.world, step)
                 with self.algo.comm.timed():
                     dist.send(torch.tensor([REQUEST, step]), dst=partner, group=self.group, tag=HEADER)
-                    works = [dist.isend(s, dst=partner, group=self.group, tag=MODEL_TO_PASSIVE) for s in self._sent]
-                    works += [dist.irecv(r, src=partner, group=self.group, tag=MODEL_TO_ACTIVE) for r in self._received]
+                    works = [p2p.isend(s, dst=partner, group=self.group, tag=MODEL_TO_PASSIVE) for s in self._sent]
+                    works += [p2p.irecv(r, src=partner, group=self.group, tag=MODEL_TO_ACTIVE) for r in self._received]
                     for w in works:
                         w.wait()
                 self._account()
@@ -147,10 +147,10 @@ class PairwiseAverager:
                     stops += 1
                     continue
                 with self.algo.comm.timed():
-                    works = [dist.irecv(r, src=src, group=self.group, tag=MODEL_TO_PASSIVE) for r in self._received]
+                    works = [p2p.irecv(r, src=src, group=self.group, tag=MODEL_TO_PASSIVE) for r in self._received]
                     with self._cv:
                         self._snapshot()
-                    works += [dist.isend(s, dst=src, group=self.group, tag=MODEL_TO_ACTIVE) for s in self._sent]
+                    works += [p2p.isend(s, dst=src, group=self.group, tag=MODEL_TO_ACTIVE) for s in self._sent]
                     for w in works:
                         w.wait()
                 self._account()
@@ -208,8 +208,8 @@ class Adpsgd(DistAlgorithm):
         with self.comm.timed():
             works = []
             for buf, recv in zip(self.weights, self.received):
-                works += [dist.isend(buf, dst=partner, group=self.group),
-                          dist.irecv(recv, src=partner, group=self.group)]
+                works += [p2p.isend(buf, dst=partner, group=self.group),
+                          p2p.irecv(recv, src=partner, group=self.group)]
             for w in works:
                 w.wait()
         for buf, recv in zip(self.weights, self.received):

@@ -18,10 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
-from dist_algos import register_algorithm
+from dist_algos import p2p, register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, StepContext, TrainInfo
 from dist_algos.consensus import average_model_, average_model_copy
 from dist_algos.flat import FlatBuffer
@@ -58,10 +57,10 @@ class Dpsgd(DistAlgorithm):
         with self.comm.timed():
             works = []
             for buf, from_left, from_right in zip(self.weights, self.from_left, self.from_right):
-                works += [dist.irecv(from_left, src=left, group=self.group, tag=RIGHTWARDS),
-                          dist.irecv(from_right, src=right, group=self.group, tag=LEFTWARDS),
-                          dist.isend(buf, dst=right, group=self.group, tag=RIGHTWARDS),
-                          dist.isend(buf, dst=left, group=self.group, tag=LEFTWARDS)]
+                works += [p2p.irecv(from_left, src=left, group=self.group, tag=RIGHTWARDS),
+                          p2p.irecv(from_right, src=right, group=self.group, tag=LEFTWARDS),
+                          p2p.isend(buf, dst=right, group=self.group, tag=RIGHTWARDS),
+                          p2p.isend(buf, dst=left, group=self.group, tag=LEFTWARDS)]
             for work in works:
                 work.wait()
         for buf, from_left, from_right in zip(self.weights, self.from_left, self.from_right):

@@ -120,7 +120,7 @@ def average_(buffers: Iterable[torch.Tensor], group: Optional[dist.ProcessGroup]
     """
     if group_size <= 1:
         return
-    if dist.get_backend(group) == "nccl":
+    if "nccl" in str(dist.get_backend(group)):  # "nccl" or "cpu:gloo,cuda:nccl" (core.distenv)
         for buf in buffers:
             dist.all_reduce(buf, op=dist.ReduceOp.AVG, group=group)
         return

@@ -23,10 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
-from dist_algos import register_algorithm
+from dist_algos import p2p, register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, StepContext, TrainInfo
 from dist_algos.consensus import average_model_, average_model_copy
 from dist_algos.flat import FlatBuffer
@@ -87,8 +86,8 @@ class Sgp(DistAlgorithm):
             works = []
             for j, (dst, src) in enumerate(zip(out_peers, in_peers)):
                 for i, (recv, share) in enumerate(zip([*self.received[j], self.received_w[j]], [*shares, share_w_t])):
-                    works.append(dist.irecv(recv, src=src, group=self.group, tag=j * n + i))
-                    works.append(dist.isend(share, dst=dst, group=self.group, tag=j * n + i))
+                    works.append(p2p.irecv(recv, src=src, group=self.group, tag=j * n + i))
+                    works.append(p2p.isend(share, dst=dst, group=self.group, tag=j * n + i))
             for work in works:
                 work.wait()
         new_w = share_w + sum(float(r) for r in self.received_w)

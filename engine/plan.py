@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig
 
+from core.distenv import plan_devices, sharing_note, visible_gpus
 from core.errors import UserError
 from core.rundir import RunDir
 from core.spec import DataSpec
@@ -106,10 +107,25 @@ def preflight(raw: DictConfig, run_dir: RunDir) -> RunPlan:
         raise UserError(f"launch.launcher=none trains in this one process; set launch.nproc=1 "
                         f"(not {config.launch.nproc}) or pick launch.launcher=deepspeed")
     plan = build_plan(config, run_dir, world, per_node)
+    announce_devices(config, per_node)
     check_buildable(config.model, plan.spec)
     warn_endless_warmup(plan)
     check_data_on_disk(config.data)
     return plan
+
+
+def announce_devices(config: RunConfig, ranks_per_node: int) -> None:
+    """Refuse a backend the node's GPUs cannot carry (explicit NCCL with more ranks than GPUs),
+    and say once, here rather than on every rank, when the ranks will share GPUs over gloo.
+    Skipped where the ranks' nodes are not this machine (a hostfile over ssh): each rank then
+    decides the same way with its own node's GPUs."""
+    launch = config.launch
+    if launch.hostfile and not launch.no_ssh:
+        return
+    gpus = visible_gpus()
+    device = plan_devices(config.dist.backend, ranks_per_node, gpus, 0, config.dist.device)
+    if device.shared:
+        print(f"syncopt: {sharing_note(ranks_per_node, gpus)}", file=sys.stderr, flush=True)
 
 
 def warn_endless_warmup(plan: RunPlan) -> None:

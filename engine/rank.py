@@ -65,7 +65,7 @@ def main(raw_cfg: Any, run_dir: str) -> int:
         cfg = load_run_config(raw_cfg)
         if "OMP_NUM_THREADS" in os.environ:
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-        ctx = init_distributed(cfg.dist.backend, cfg.dist.timeout_s)
+        ctx = init_distributed(cfg.dist.backend, cfg.dist.timeout_s, cfg.dist.device)
         rundir = RunDir(Path(agree_run_dir(run_dir)))
         rundir.root.mkdir(parents=True, exist_ok=True)
         setup_logging(rundir, ctx.rank, console=ctx.rank == 0)

@@ -1,4 +1,6 @@
-"""Shared fixtures. Multi-process tests spawn gloo ranks on the CPU (tests/harness.py)."""
+"""Shared fixtures and markers. Multi-process tests spawn gloo ranks on the CPU (tests/harness.py),
+and cli.py runs see no GPU (`cli_env`), so that bit-exact comparisons hold on a GPU machine too;
+tests marked `gpu` need CUDA and are skipped without it."""
 from __future__ import annotations
 
 import os
@@ -15,6 +17,18 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "multinode: runs across emulated hosts (network namespaces)")
     config.addinivalue_line("markers", "slow: takes more than ~30 s")
+    config.addinivalue_line("markers", "gpu: needs CUDA (skipped where none is visible)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture
@@ -24,4 +38,5 @@ def cli_env() -> dict[str, str]:
     env.pop("HYDRA_FULL_ERROR", None)
     for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         env.pop(var, None)
+    env["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks: these runs compare bit for bit with CPU references
     return env

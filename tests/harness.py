@@ -1,7 +1,8 @@
 """Running code on several gloo ranks from a test, without the launcher.
 
 `run_ranks(fn, world_size, *args)` starts `world_size` spawned processes that initialise
-torch.distributed (gloo, a fresh TCP store) with the same environment a launcher gives, call
+torch.distributed (gloo, a fresh TCP store) with the same environment a launcher gives, on the
+CPU unless the test asks for `device="auto"` (so the suite runs alike on a GPU machine), call
 `fn(rank, world_size, *args)`, and return each rank's result (anything torch.save can write).
 A rank that raises fails the test with its traceback; a hang fails it after `timeout` seconds.
 
@@ -31,7 +32,7 @@ def free_port() -> int:
 
 
 def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, args: tuple,
-           env: dict[str, str]) -> None:
+           env: dict[str, str], device: str) -> None:
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                        "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
                        "LOCAL_SIZE": str(env.pop("LOCAL_SIZE", world_size)), "OMP_NUM_THREADS": "1",
@@ -43,7 +44,7 @@ def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, ar
 
         from core.distenv import init_distributed
 
-        init_distributed("gloo", timeout_s=float(env.get("SYNCOPT_TEST_TIMEOUT", 60)))
+        init_distributed("gloo", timeout_s=float(env.get("SYNCOPT_TEST_TIMEOUT", 60)), device=device)
         result = fn(rank, world_size, *args)
         torch.save({"ok": True, "result": result}, out)
         dist.destroy_process_group()
@@ -70,12 +71,13 @@ def _context() -> Any:
 
 
 def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 120.0,
-              env: dict[str, str] | None = None) -> list[Any]:
-    """fn(rank, world_size, *args) on `world_size` gloo ranks; returns the results by rank."""
+              env: dict[str, str] | None = None, device: str = "cpu") -> list[Any]:
+    """fn(rank, world_size, *args) on `world_size` gloo ranks; returns the results by rank.
+    `device`: the ranks' `dist.device` (auto: share the GPUs where there are any)."""
     with tempfile.TemporaryDirectory() as tmp:
         ctx = _context()
         port = free_port()
-        procs = [ctx.Process(target=_entry, args=(r, world_size, port, tmp, fn, args, dict(env or {})))
+        procs = [ctx.Process(target=_entry, args=(r, world_size, port, tmp, fn, args, dict(env or {}), device))
                  for r in range(world_size)]
         for p in procs:
             p.start()
@@ -99,7 +101,8 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 120.0,
 
 def compose(overrides: list[str], run_dir: str | Path | None = None) -> Any:
     """A validated RunConfig from cli.py's config tree and these overrides; a mistake is the
-    one-line `UserError` cli.py would print."""
+    one-line `UserError` cli.py would print. Ranks train on the CPU (`dist.device=cpu`) unless
+    the overrides say otherwise, so that bit-exact comparisons hold on a GPU machine too."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -114,6 +117,8 @@ def compose(overrides: list[str], run_dir: str | Path | None = None) -> Any:
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            if not any(o.startswith("dist.device=") for o in overrides):
+                overrides = [*overrides, "dist.device=cpu"]
             cfg = hydra_compose(config_name="config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as err:
         raise UserError(one_line(err)) from None
@@ -127,7 +132,7 @@ def plan_in_rank(overrides: list[str], run_dir: str) -> Any:
     from engine.plan import build_plan
 
     cfg = compose(overrides + ["train.progress=false"], run_dir)
-    ctx = init_distributed(cfg.dist.backend, cfg.dist.timeout_s)
+    ctx = init_distributed(cfg.dist.backend, cfg.dist.timeout_s, cfg.dist.device)
     return build_plan(cfg, RunDir(Path(run_dir)), ctx.world_size, ctx.local_size), ctx
 
 

@@ -81,7 +81,7 @@ def build_plugin(algo: str, overrides: dict[str, Any], model: nn.Module, opt: to
     from core.schema import typed_section
     from core.distenv import init_distributed
 
-    ctx = init_distributed("gloo")
+    ctx = init_distributed("gloo", device="cpu")
     cls = get_algorithm(algo)
     cfg = typed_section(cls.Config, {"name": algo, **overrides}, "algo")
     plugin = cls(cfg, ctx)

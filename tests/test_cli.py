@@ -51,6 +51,7 @@ def error_line(proc: subprocess.CompletedProcess) -> str:
     (["algo=dgs", "algo.density=2"], "algo.density=2.0"),
     (["algo=wagma", "algo.group_size=3"], "algo.group_size=3"),
     (["dist.timeout_s=0"], "dist.timeout_s=0.0 must be > 0"),
+    (["dist.backend=nccl", "launch.nproc=2"], "dist.backend=nccl needs a GPU per rank"),  # (cli_env: no GPU)
     (["checkpoint.keep_last=0"], "checkpoint.keep_last=0"),
     # the world, the data on disk, checkpoints
     (["launch.nproc=0"], "launch.nproc=0"),

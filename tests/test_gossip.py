@@ -45,7 +45,7 @@ def adpsgd_async_run(rank: int, world: int) -> dict[str, Any]:
     from core.schema import typed_section
     from core.distenv import init_distributed
 
-    ctx = init_distributed("gloo")
+    ctx = init_distributed("gloo", device="cpu")
     cls = get_algorithm("adpsgd")
     plugin = cls(typed_section(cls.Config, {"name": "adpsgd", "asynchronous": True}, "algo"), ctx)
     torch.manual_seed(100 + rank)  # different models on different ranks

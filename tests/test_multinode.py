@@ -60,6 +60,7 @@ def base_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "HYDRA_FULL_ERROR")}
     env["GLOO_SOCKET_IFNAME"] = IFNAME  # the hosts share a hostname that resolves to 127.0.0.1
+    env["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks, as the one-host reference
     return env
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
+import torch
 
 from data.config import FFCVConfig
 from data.forms.base import Samples
@@ -20,12 +21,16 @@ class ArraySamples(Samples):
     labels: np.ndarray  # N, int64
 
     dali_suffix: ClassVar[str] = ".png"
+    in_memory: ClassVar[bool] = True
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def item(self, index: int) -> tuple[np.ndarray, int]:
         return self.images[index], int(self.labels[index])
+
+    def tensors_nhwc(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.from_numpy(self.images), torch.from_numpy(self.labels)
 
     def ffcv_field(self, ffcv: FFCVConfig) -> Any:
         from ffcv.fields import RGBImageField

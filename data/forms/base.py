@@ -15,6 +15,8 @@ class Samples(ABC):
     dali_reads_in_place: ClassVar[bool] = False
     #: suffix of the one-file-per-sample copy `data.prepare` writes for DALI
     dali_suffix: ClassVar[str] = ""
+    #: the whole split is in memory as arrays (`tensors_nhwc`): the device pipeline can hold it
+    in_memory: ClassVar[bool] = False
 
     @abstractmethod
     def __len__(self) -> int:
@@ -36,6 +38,11 @@ class Samples(ABC):
     def ffcv_settings(cls, ffcv: FFCVConfig) -> dict[str, Any]:
         """The writer settings the `.beton` depends on, recorded in its manifest."""
         return {}
+
+    def tensors_nhwc(self) -> tuple[Any, Any]:
+        """(images N x H x W x C, labels) as CPU tensors without copying where possible (forms
+        with `in_memory`), for the device pipeline."""
+        raise NotImplementedError(f"{type(self).__name__} is not held in memory")
 
     def write_dali_file(self, index: int, path: Path) -> None:
         """Write sample `index` to `path` (suffix `dali_suffix`) for DALI to decode."""

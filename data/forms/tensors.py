@@ -22,12 +22,16 @@ class TensorSamples(Samples):
     y: torch.Tensor  # N, int64
 
     dali_suffix: ClassVar[str] = ".npy"
+    in_memory: ClassVar[bool] = True
 
     def __len__(self) -> int:
         return len(self.y)
 
     def item(self, index: int) -> tuple[torch.Tensor, int]:
         return self.x[index], int(self.y[index])
+
+    def tensors_nhwc(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x.permute(0, 2, 3, 1), self.y
 
     def ffcv_field(self, ffcv: FFCVConfig) -> Any:
         from ffcv.fields import NDArrayField

@@ -1,7 +1,8 @@
-"""The three ways to read a data set (`data.pipeline`); docs/pipelines.md compares them.
+"""The ways to read a data set (`data.pipeline`); docs/pipelines.md compares them.
 
 Each module has `build(cfg, request) -> (TrainStream or None, EvalStream)` and asks the data
-set's object (`data.sets`) for everything particular to it. A pipeline module imports its
+set's object (`data.sets`) for everything particular to it; one whose batches arrive in host
+memory says so (`BATCHES_ON_HOST = True`), and `data.build_data` overlaps their copy to a GPU. A pipeline module imports its
 package (torchvision, FFCV, DALI) at its top, so it is imported only when chosen.
 """
 from __future__ import annotations
@@ -15,4 +16,5 @@ PIPELINES: dict[Pipeline, tuple[str, Optional[str]]] = {
     Pipeline.torchvision: ("data.pipelines.torchvision", "torchvision"),
     Pipeline.ffcv: ("data.pipelines.ffcv", "ffcv"),
     Pipeline.dali: ("data.pipelines.dali", "nvidia.dali"),
+    Pipeline.device: ("data.pipelines.device", None),
 }

@@ -25,6 +25,10 @@ from data.sampler import epoch_seed, eval_slice, sample_seed, shard_indices
 from data.sets import DATASETS
 from data.stream import Batch, DataRequest, EvalStream, TensorEvalStream, TensorTrainStream, TrainStream
 
+#: batches are handed over in host memory (pinned on a GPU run): `data.build_data` copies them
+#: to the GPU one batch ahead
+BATCHES_ON_HOST = True
+
 
 class SeededDataset(Dataset):
     """Wraps (load, transform): item (index, seed) is transformed under torch RNG seeded so."""

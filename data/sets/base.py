@@ -19,6 +19,7 @@ from core.errors import UserError
 from core.spec import DataSpec
 from data.config import DataConfig, Pipeline
 from data.forms.base import Samples
+from data.pipelines.device_ops import DeviceAugment
 
 Transform = Callable[[Any], Any]
 Finish = Callable[[Any], Any]  # FFCV: the loader's image tensor -> the model's input
@@ -55,6 +56,10 @@ class DataSet(ABC):
         if cfg.pipeline not in self.pipelines:
             raise UserError(f"data.pipeline={cfg.pipeline} cannot read data.name={self.name}; "
                             f"use one of {', '.join(self.pipelines)}")
+        if cfg.pipeline == Pipeline.device and not (self.form.in_memory and self.has_device_augment()):
+            usable = ", ".join(p for p in self.pipelines if p != Pipeline.device)
+            raise UserError(f"data.pipeline=device holds a data set in memory on the training device; "
+                            f"data.name={self.name} is not held in memory that way: use one of {usable}")
         if self.needs_root and not cfg.root:
             raise UserError(f"data.root is not set for data.name={self.name}; set paths.data_root "
                             "in conf/local/default.yaml or pass data.root=PATH")
@@ -92,6 +97,14 @@ class DataSet(ABC):
     def dali_images(self, cfg: DataConfig, encoded: Any, train: bool, decoder: str) -> Any:
         """The DALI graph from encoded files to float CHW images; `decoder` is "cpu" or "mixed"."""
         raise NotImplementedError(f"{self.name} declares no DALI graph")
+
+    def device_augment(self, cfg: DataConfig, train: bool) -> DeviceAugment:
+        """What the device pipeline does to a batch of the split (crop, flip, normalisation),
+        for forms held in memory (`Samples.in_memory`)."""
+        raise NotImplementedError(f"{self.name} declares no device-pipeline batch recipe")
+
+    def has_device_augment(self) -> bool:
+        return type(self).device_augment is not DataSet.device_augment
 
     # ---- helpers for subclasses --------------------------------------------------------------
     def dali_normalisation(self) -> dict[str, Any]:

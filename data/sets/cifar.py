@@ -18,6 +18,7 @@ from core.errors import UserError
 from data.config import DataConfig
 from data.forms.arrays import ArraySamples
 from data.forms.safe_pickle import load_restricted
+from data.pipelines.device_ops import DeviceAugment
 from data.sets import register_dataset
 from data.sets.base import DataSet, Finish, Transform
 
@@ -87,6 +88,13 @@ class Cifar(DataSet):
         size = cfg.image_size or self.image_size
         train = T.Compose([T.ToPILImage(), T.RandomCrop(size, padding=PAD), T.RandomHorizontalFlip(), to_tensor])
         return train, to_tensor
+
+    def device_augment(self, cfg: DataConfig, train: bool) -> DeviceAugment:
+        """The torchvision transforms' work, batched on the device: padded crop + flip, normalise."""
+        size = cfg.image_size or self.image_size
+        if train and cfg.augment:
+            return DeviceAugment(size=size, pad=PAD, flip=True, mean=self.mean, std=self.std)
+        return DeviceAugment(size=size, mean=self.mean, std=self.std)
 
     def ffcv_image_ops(self, cfg: DataConfig, train: bool, epoch_key: Any) -> tuple[list[Any], Finish]:
         from ffcv.fields.rgb_image import SimpleRGBImageDecoder

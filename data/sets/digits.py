@@ -20,6 +20,7 @@ from core.errors import UserError
 
 from data.config import DataConfig
 from data.forms.tensors import TensorSamples
+from data.pipelines.device_ops import DeviceAugment
 from data.sets import register_dataset
 from data.sets.base import DataSet, Finish
 
@@ -88,6 +89,9 @@ class Digits(DataSet):
 
     def prepared_identity(self, cfg: DataConfig) -> dict[str, Any]:
         return {"test_fraction": cfg.test_fraction, "split_seed": cfg.split_seed}
+
+    def device_augment(self, cfg: DataConfig, train: bool) -> DeviceAugment:
+        return DeviceAugment(size=self.image_size)  # the normalised tensors as they are
 
     def ffcv_image_ops(self, cfg: DataConfig, train: bool, epoch_key: Any) -> tuple[list[Any], Finish]:
         from ffcv.fields.ndarray import NDArrayDecoder

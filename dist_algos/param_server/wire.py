@@ -11,7 +11,7 @@ point-to-point calls on a group that holds just the two ends (a server and a wor
 
 Both ends know the shard's layout, so `count` alone fixes every shape. The header travels on a
 gloo group (CPU) and the payload on the data group (the run's backend, tensors on the run's
-device): with NCCL the receiver then posts the payload receives only once the header says they are
+device; through a host copy where a shared GPU makes that backend gloo, `dist_algos.p2p`): with NCCL the receiver then posts the payload receives only once the header says they are
 on their way, so no NCCL operation ever waits for a slow peer (NCCL's watchdog would abort it),
 while the gloo header receive may wait as long as a server idles between pushes. On a CPU run
 both are the same gloo group.
@@ -28,6 +28,8 @@ from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
+
+from dist_algos import p2p
 
 HEADER_LEN = 8
 HEADER_BYTES = HEADER_LEN * 8
@@ -112,7 +114,7 @@ class Channel:
         works = [dist.isend(msg.header(), dst=self.peer, group=self.control_group)]
         for t in (msg.indices, msg.values, msg.buffers):
             if t is not None and t.numel():
-                works.append(dist.isend(t.contiguous(), dst=self.peer, group=self.data_group))
+                works.append(p2p.isend(t.contiguous(), dst=self.peer, group=self.data_group))
         return works
 
     def send(self, msg: Message) -> None:
@@ -149,5 +151,5 @@ class Channel:
     def _recv_tensor(self, count: int, dtype: torch.dtype) -> torch.Tensor:
         t = torch.empty(count, dtype=dtype, device=self.device)
         if count:  # empty tensors are not sent (a reply with nothing left to send)
-            dist.recv(t, src=self.peer, group=self.data_group)
+            p2p.recv(t, src=self.peer, group=self.data_group)
         return t

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from core.errors import UserError
 from core.schema import Section, option
@@ -28,6 +28,10 @@ class TrainConfig(Section):
     grad_clip: Optional[float] = option(None, gt=0)  # max global L2 norm of the local gradient
     label_smoothing: float = option(0.0, ge=0, lt=1)
     precision: Precision = Precision.auto
+    # memory layout of conv models: auto = channels_last for convolutional models on a GPU
+    channels_last: Any = option("auto", choices=("auto", True, False))
+    compile: bool = False  # torch.compile the training forward (plugins and checkpoints keep the plain module)
+    compile_backend: str = "inductor"  # torch.compile's backend ("eager": no C++ compiler needed, for tests)
     log_every_steps: int = option(10, ge=1)
     eval_every_epochs: Optional[int] = option(5, ge=1)
     eval_every_steps: Optional[int] = option(None, ge=1)

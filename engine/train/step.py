@@ -1,6 +1,7 @@
 """One rank's local computation of a step: forward and backward over micro-batches (gradient
-accumulation), under autocast at the configured precision, and the local optimizer update that
-plugins trigger through `StepContext.optimizer_step` (unscale, clip, step)."""
+accumulation), under autocast at the configured precision, in the model's memory layout and
+through its compiled forward where configured (`engine.train.compute`), and the local optimizer
+update that plugins trigger through `StepContext.optimizer_step` (unscale, clip, step)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -12,6 +13,7 @@ import torch.nn as nn
 
 from core.distenv import DistContext
 from core.errors import UserError
+from engine.train.compute import ModelCompute
 from engine.train.config import Precision, TrainConfig
 
 AUTOCAST = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}
@@ -30,8 +32,10 @@ def resolve_precision(requested: Precision, is_cuda: bool) -> Precision:
 
 class LocalStep:
     def __init__(self, cfg: TrainConfig, ctx: DistContext, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 micro_batch: int, no_sync: Callable[[], AbstractContextManager[Any]] = nullcontext) -> None:
+                 micro_batch: int, compute: Optional[ModelCompute] = None,
+                 no_sync: Callable[[], AbstractContextManager[Any]] = nullcontext) -> None:
         self.ctx, self.model, self.optimizer, self.micro = ctx, model, optimizer, micro_batch
+        self.compute = compute or ModelCompute(channels_last=False, train_module=model)
         self.no_sync = no_sync  # the plugin's: held around every micro-batch's backward but the last
         self.grad_clip: Optional[float] = cfg.grad_clip
         self.precision = resolve_precision(cfg.precision, ctx.is_cuda)
@@ -39,9 +43,11 @@ class LocalStep:
         self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
 
     def forward(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """`model`'s output for `x`, in the model's layout and precision (evaluation, plugins'
+        BatchNorm passes; training calls it with the compiled module where there is one)."""
         dtype = AUTOCAST.get(self.precision)
         with torch.autocast(self.ctx.device.type, dtype=dtype) if dtype else nullcontext():
-            return model(x)
+            return model(self.compute.layout(x))
 
     def backward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Gradients of the batch's mean loss in `.grad`; returns (mean loss, correct count)."""
@@ -52,7 +58,7 @@ class LocalStep:
         correct = torch.zeros((), device=dev, dtype=torch.long)
         chunks = list(zip(x.split(self.micro), y.split(self.micro)))
         for i, (xm, ym) in enumerate(chunks):
-            logits = self.forward(self.model, xm)
+            logits = self.forward(self.compute.train_module, xm)
             loss = self.criterion(logits.float(), ym)
             with self.no_sync() if i < len(chunks) - 1 else nullcontext():
                 self.scaler.scale(loss * (len(xm) / len(x))).backward()

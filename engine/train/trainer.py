@@ -28,6 +28,7 @@ from engine.plan import RunPlan
 from engine.report.run_report import RunFacts, RunReport
 from engine.report.summary import gather_summary
 from engine.train.checkpointer import Checkpointer
+from engine.train.compute import plain_state_dict, prepare_model
 from engine.train.evaluation import Evaluator
 from engine.train.heartbeat import Heartbeat
 from engine.train.imbalance import ImbalanceInjector
@@ -52,11 +53,14 @@ class Trainer:
         self.train_stream, self.eval_stream = build_data(cfg.data, data_request(plan, ctx))
         seed_everything(cfg.seed)  # identical initial model on every rank
         self.model = build_model(cfg.model, plan.spec).to(ctx.device)
+        self.compute = prepare_model(self.model, cfg.train.channels_last, cfg.train.compile,
+                                     cfg.train.compile_backend, ctx.is_cuda)
         self.steps_per_epoch = self._agree_steps_per_epoch()
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * self.steps_per_epoch
         self.optimizer = build_optimizer(self.model, cfg.optim, plan.hyper.peak_lr)
         self.schedule = Schedule(cfg.sched, plan.hyper.peak_lr, self.total_steps, self.steps_per_epoch)
-        self.local = LocalStep(cfg.train, ctx, self.model, self.optimizer, plan.batch.micro, self.algo.no_sync)
+        self.local = LocalStep(cfg.train, ctx, self.model, self.optimizer, plan.batch.micro, self.compute,
+                               self.algo.no_sync)
         self.imbalance = ImbalanceInjector(cfg.train.imbalance, ctx.rank)
         self.state = TrainState()
         self.checkpointer = Checkpointer(cfg.checkpoint, plan.run_dir, ctx, cfg.algo.name, plan.resume_keys,
@@ -103,7 +107,7 @@ class Trainer:
                     dist.broadcast(tensor.data, src=0)
             return None
         state = load_rank_file(manifest.rank_file(self.ctx.rank))
-        self.model.load_state_dict(state["model"])
+        self.model.load_state_dict(plain_state_dict(state["model"]))
         self.optimizer.load_state_dict(state["optimizer"])
         self.local.scaler.load_state_dict(state["scaler"])
         if self.reporting:
@@ -113,7 +117,7 @@ class Trainer:
     def _init_from(self, manifest: Manifest) -> None:
         """A new run starting from a checkpoint's model (rank 0's file), nothing else."""
         try:
-            self.model.load_state_dict(load_rank_file(manifest.rank_file(0))["model"])
+            self.model.load_state_dict(plain_state_dict(load_rank_file(manifest.rank_file(0))["model"]))
         except RuntimeError as err:
             raise UserError(f"init_from={manifest.path}: its model does not fit model.name="
                             f"{self.plan.config.model.get('name')} ({str(err).splitlines()[0]})") from None

@@ -1,0 +1,86 @@
+"""The device pipeline: an in-memory data set (digits, CIFAR) copied to the training device once,
+batches gathered and augmented there (`data.pipelines.device_ops`).
+
+Why: reading CIFAR through a DataLoader costs a PIL crop and flip per sample in worker
+processes, which on a GPU caps ResNet training at a fraction of what the GPU computes (and on
+the CPU spends cores the model could use). Here a batch is an index gather, one crop-and-flip
+gather and a normalisation: a few kernels per step, no workers, no host-to-device copies after
+the first.
+
+Same samples, same shards: each epoch's order is `data.sampler`'s (the permutation of (seed,
+epoch), strided over the training ranks), the evaluation slices `eval_slice`'s, as in every
+other pipeline; the indices go to the device once per epoch. Draws come from `sample_seeds(seed,
+epoch, index)`, so `batches(epoch, start)` needs no state: a resumed run reads the batches the
+uninterrupted one read, and nothing here touches torch's global generator.
+
+A data set takes part by being held in memory (`Samples.in_memory`: uint8 HWC arrays or
+normalised tensors) and saying what its batches get (`DataSet.device_augment`).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Optional
+
+import torch
+
+from data.config import DataConfig
+from data.forms.base import Samples
+from data.pipelines.device_ops import DeviceAugment
+from data.sampler import eval_slice, sample_seeds, shard_indices
+from data.sets import DATASETS
+from data.stream import Batch, DataRequest
+
+
+def to_device(samples: Samples, device: torch.device, part: Optional[range] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(images N x H x W x C, labels int64 N) of an in-memory split (or of its `part`) on
+    `device`, copied once."""
+    images, labels = samples.tensors_nhwc()
+    if part is not None:
+        images, labels = images[part.start:part.stop], labels[part.start:part.stop]
+    return images.contiguous().to(device), labels.long().to(device)
+
+
+class DeviceTrainStream:
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, augment: DeviceAugment, batch_size: int,
+                 seed: int, shard: int, num_shards: int) -> None:
+        self.images, self.labels, self.augment = images, labels, augment
+        self.batch_size, self.seed, self.shard, self.num_shards = batch_size, seed, shard, num_shards
+        self.num_samples = len(labels)
+        self.steps_per_epoch = (self.num_samples // num_shards) // batch_size
+
+    def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        order = shard_indices(self.num_samples, self.seed, epoch, self.shard, self.num_shards)
+        order = order[:self.steps_per_epoch * self.batch_size].to(self.images.device)
+        seeds = sample_seeds(self.seed, epoch, order) if self.augment.random else None
+        bs = self.batch_size
+        for b in range(start, self.steps_per_epoch):
+            chosen = order[b * bs:(b + 1) * bs]
+            x = self.augment(self.images.index_select(0, chosen), None if seeds is None else seeds[b * bs:(b + 1) * bs])
+            yield x, self.labels.index_select(0, chosen)
+
+
+class DeviceEvalStream:
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, augment: DeviceAugment, batch_size: int,
+                 num_samples: int) -> None:
+        """images, labels: this rank's `eval_slice` of the `num_samples` test samples."""
+        self.images, self.labels, self.augment = images, labels, augment
+        self.batch_size, self.num_samples = batch_size, num_samples
+
+    def batches(self) -> Iterator[Batch]:
+        for i in range(0, len(self.labels), self.batch_size):
+            yield self.augment(self.images[i:i + self.batch_size], None), self.labels[i:i + self.batch_size]
+
+
+def build(cfg: DataConfig, req: DataRequest) -> tuple[Optional[DeviceTrainStream], DeviceEvalStream]:
+    dataset = DATASETS.get(cfg.name)
+    device = torch.device(req.device)
+    train = None
+    if req.shard is not None:
+        images, labels = to_device(dataset.samples(cfg, "train"), device)
+        train = DeviceTrainStream(images, labels, dataset.device_augment(cfg, train=True), req.batch_size,
+                                  req.seed, req.shard, req.num_shards)
+    test = dataset.samples(cfg, "val")
+    images, labels = to_device(test, device, eval_slice(len(test), req.eval_shard, req.eval_num_shards))
+    evals = DeviceEvalStream(images, labels, dataset.device_augment(cfg, train=False), req.eval_batch_size,
+                             len(test))
+    return train, evals

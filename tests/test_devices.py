@@ -1,0 +1,87 @@
+"""Devices and backend: the one decision (`core.distenv.plan_devices`) cli.py and every rank take,
+the line that announces GPU sharing, and the point-to-point staging plugins use on gloo groups
+with CUDA tensors (its CPU side here; the CUDA side in the `gpu` tests)."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from core.distenv import DevicePlan, plan_devices, sharing_note
+from core.errors import UserError
+from dist_algos.p2p import staging_device
+from tests.harness import compose, run_ranks
+
+
+@pytest.mark.parametrize("backend,ranks,gpus,local_rank,device,expected", [
+    ("auto", 4, 0, 3, "auto", DevicePlan("gloo", None, False)),  # a CPU machine
+    ("gloo", 4, 0, 0, "auto", DevicePlan("gloo", None, False)),
+    ("auto", 4, 1, 3, "auto", DevicePlan("gloo", 0, True)),  # four ranks on one GPU
+    ("auto", 4, 2, 3, "auto", DevicePlan("gloo", 1, True)),  # round-robin
+    ("auto", 8, 8, 5, "auto", DevicePlan("nccl", 5, False)),  # a GPU per rank
+    ("gloo", 8, 8, 5, "auto", DevicePlan("gloo", 5, False)),  # asked for: gloo on the GPUs
+    ("nccl", 2, 2, 1, "auto", DevicePlan("nccl", 1, False)),
+    ("auto", 4, 1, 2, "cpu", DevicePlan("gloo", None, False)),  # CPU ranks on a GPU machine
+    ("auto", 1, 1, 0, "cuda", DevicePlan("nccl", 0, False)),
+])
+def test_plan_devices(backend: str, ranks: int, gpus: int, local_rank: int, device: str, expected: DevicePlan) -> None:
+    assert plan_devices(backend, ranks, gpus, local_rank, device) == expected
+
+
+@pytest.mark.parametrize("backend,ranks,gpus,device,fragments", [
+    ("nccl", 4, 1, "auto", ["dist.backend=nccl with 4 ranks on a node of 1 GPU", "launch.nproc=1", "dist.backend=auto"]),
+    ("nccl", 2, 0, "auto", ["dist.backend=nccl needs a GPU per rank", "no GPU is visible"]),
+    ("nccl", 2, 2, "cpu", ["dist.backend=nccl needs a GPU per rank", "dist.device=cpu"]),
+    ("auto", 1, 0, "cuda", ["dist.device=cuda but no GPU is visible"]),
+])
+def test_impossible_choices_are_one_line(backend: str, ranks: int, gpus: int, device: str,
+                                         fragments: list[str]) -> None:
+    with pytest.raises(UserError) as err:
+        plan_devices(backend, ranks, gpus, 0, device)
+    assert "\n" not in str(err.value) and all(f in str(err.value) for f in fragments), str(err.value)
+
+
+def test_sharing_is_announced_once_by_preflight(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    from engine import plan as plan_module
+
+    monkeypatch.setattr(plan_module, "visible_gpus", lambda: 1)
+    config = compose(["launch.nproc=4", "dist.device=auto"])
+    plan_module.announce_devices(config, 4)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"syncopt: {sharing_note(4, 1)}"] and "gloo with CUDA tensors" in lines[0]
+    with pytest.raises(UserError, match="dist.backend=nccl with 4 ranks"):
+        plan_module.announce_devices(compose(["launch.nproc=4", "dist.backend=nccl", "dist.device=auto"]), 4)
+    monkeypatch.setattr(plan_module, "visible_gpus", lambda: 4)
+    plan_module.announce_devices(config, 4)  # a GPU each: nothing to say
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("backend,device,expected", [
+    ("gloo", "cpu", None),
+    ("gloo", "cuda", "cpu"),  # gloo's send/recv read host memory only
+    ("cpu:gloo,cuda:nccl", "cuda", None),
+    ("cpu:gloo,cuda:nccl", "cpu", None),
+    ("nccl", "cuda", None),
+])
+def test_staging_device(backend: str, device: str, expected: Any) -> None:
+    got = staging_device(backend, torch.device(device))
+    assert (got.type if got is not None else None) == expected
+
+
+def _staged_exchange(rank: int, world: int) -> list[float]:
+    """Both directions through a host buffer (what a CUDA tensor on a gloo group takes)."""
+    from dist_algos.p2p import irecv_via, isend_via
+
+    host = torch.device("cpu")
+    mine = torch.full((5,), float(rank + 1))
+    theirs = torch.zeros(5)
+    works = [isend_via(host, mine, 1 - rank), irecv_via(host, theirs, 1 - rank)]
+    mine.fill_(-1.0)  # the send went from its own copy
+    for work in works:
+        work.wait()
+    return theirs.tolist()
+
+
+def test_staged_point_to_point_lands_in_the_target() -> None:
+    assert run_ranks(_staged_exchange, 2, timeout=60) == [[2.0] * 5, [1.0] * 5]
