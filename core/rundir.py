@@ -143,6 +143,13 @@ def step_of(path: Path) -> Optional[int]:
     return int(number) if prefix == "step" and number.isdigit() else None
 
 
+#: Set in the ranks' environment by a supervising cli.py: the ranks then leave their one-line
+#: errors in `logs/rank_<r>.error` for it to print once, instead of printing them themselves (a
+#: rank that printed could be killed by the launcher before its line came out).
+SUPERVISED_ENV = "SYNCOPT_SUPERVISED"
+#: how a rank's error file marks a user error (bad input), as opposed to a failure
+USER_ERROR_PREFIX = "user error: "
+
 #: File names inside one checkpoint directory (see engine/checkpoint).
 MANIFEST = "manifest.json"
 

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from core.distenv import init_distributed, shutdown_distributed
 from core.errors import USER_ERROR_EXIT, UserError
-from core.rundir import RunDir
+from core.rundir import SUPERVISED_ENV, USER_ERROR_PREFIX, RunDir
 from engine.config import load_run_config
 from engine.plan import build_plan
 from engine.train.heartbeat import Heartbeat
@@ -77,7 +77,13 @@ def main(raw_cfg: Any, run_dir: str) -> int:
         shutdown_distributed()
         return _ended(rundir, rank, 0)
     except UserError as err:
-        if rank == 0:
+        if os.environ.get(SUPERVISED_ENV):  # cli.py prints it once, from the file
+            try:
+                rundir.logs.mkdir(parents=True, exist_ok=True)
+                rundir.rank_error(rank).write_text(f"{USER_ERROR_PREFIX}{err}\n")
+            except OSError:
+                print(f"syncopt: error: {err}", file=sys.stderr, flush=True)
+        elif rank == 0:
             print(f"syncopt: error: {err}", file=sys.stderr, flush=True)
         return _ended(rundir, rank, USER_ERROR_EXIT)
     except Exception as err:  # an unexpected failure: keep the evidence, name the rank

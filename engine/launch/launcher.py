@@ -45,7 +45,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from core.errors import USER_ERROR_EXIT, UserError, report_user_errors
-from core.rundir import RunDir
+from core.rundir import SUPERVISED_ENV, RunDir
 from engine.launch.config import Launcher, LaunchConfig, node_plan_of
 from engine.launch.network import MASTER_PORT, EmulatedCluster, write_hostfile
 from engine.launch.node_group import node_group_command
@@ -128,6 +128,7 @@ def launcher_env(cfg: LaunchConfig, ranks_here: Optional[int] = None, cpus: Opti
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(omp_threads(cfg, ranks_here, cpus))
     env["PYTHONUNBUFFERED"] = "1"
+    env[SUPERVISED_ENV] = "1"  # this process reports the ranks' one-line errors (engine/rank.py)
     if not torch.cuda.is_available():  # else DeepSpeed warns "Setting accelerator to CPU" in every process
         env.setdefault("DS_ACCELERATOR", "cpu")
     env.setdefault("PYTHONPATH", str(REPO))
@@ -219,7 +220,9 @@ def run_launcher(cmd: list[str], env: dict[str, str], run_dir: RunDir | Path, wa
     if stall is not None:
         print(f"syncopt: error: {stall.describe()}; the job was stopped; log: "
               f"{watch.run_dir.rank_log(stall.rank)}", file=sys.stderr, flush=True)
-    elif code not in (0, USER_ERROR_EXIT):
+    elif code == USER_ERROR_EXIT:
+        print(f"syncopt: error: {watch.user_error()}", file=sys.stderr, flush=True)
+    elif code != 0:
         print(f"syncopt: error: {watch.failure_report(code)}", file=sys.stderr, flush=True)
     if manager is not None and manager[0] in received and code == 0:
         manager[1](manager[0], None)  # submitit: save the submission and requeue (exits)
@@ -280,7 +283,7 @@ def _pdsh_plan(cfg: LaunchConfig, run_dir: RunDir | Path, args: list[str]) -> _P
     # Nodes may differ in cores; one exported value must fit the smallest.
     env = launcher_env(cfg, plan.ranks_per_node, min(r.cpus for r in reports))
     ds_env = run_dir.deepspeed_env
-    write_deepspeed_env(ds_env, env, ["OMP_NUM_THREADS", *cfg.export_env])
+    write_deepspeed_env(ds_env, env, ["OMP_NUM_THREADS", SUPERVISED_ENV, *cfg.export_env])
     env["DS_ENV_FILE"] = str(ds_env)
     remote = {h: plan.ranks_of(i) for i, h in enumerate(plan.hosts)}
     watch = RankWatch(run_dir, local_ranks=set(), remote=remote, ssh_port=cfg.ssh_port)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from core.rundir import RunDir
+from core.rundir import USER_ERROR_PREFIX, RunDir
 from engine.launch.remote import catches, signal_remote
 from engine.train.heartbeat import read_step
 
@@ -173,6 +173,17 @@ class RankWatch:
             return int(self.run_dir.rank_pid(rank).read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return None
+
+    def user_error(self) -> str:
+        """The one-line user error the ranks left (the lowest rank's), for exit code 2."""
+        for rank, path in sorted(self.run_dir.rank_files("error").items()):
+            try:
+                text = path.read_text().strip()
+            except OSError:
+                continue
+            if text.startswith(USER_ERROR_PREFIX):
+                return text[len(USER_ERROR_PREFIX):]
+        return f"the ranks refused the run (exit code 2); see {self.run_dir.logs}"
 
     def failure_report(self, code: int) -> str:
         """Name the rank that caused the failure: a rank that vanished without leaving an error
