@@ -3,7 +3,9 @@
 Every worker steps its own optimizer on its own data; after H local steps the workers average
 their models (parameters, plus the BatchNorm statistics and optimizer fields the config names).
 H comes from `dist_algos.sync_schedule`: constant, QSR's quadratic rule, the linear rule, or
-post-local SGD. The parallel baseline is `algo=allreduce` with the same optimizer.
+post-local SGD. The parallel baseline is `algo=allreduce` with the same optimizer. DiLoCo
+(`dist_algos.diloco`) is this class with an outer optimizer on the averaged change: it overrides
+`sync_rule`, `averaged_fields` and what a synchronisation does (`_average_models`).
 
 Everything that is averaged lives in one persistent `FlatBuffer` (parameters, statistics and
 optimizer fields are views into it), so a synchronisation is a few pipelined bucket all_reduces
