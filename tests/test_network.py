@@ -178,3 +178,23 @@ def test_cli_without_tc_stops_before_anything_starts(cli_env: dict[str, str], tm
     expected = "needs root" if os.geteuid() != 0 else "needs iproute2's tc on PATH"
     assert len(errors) == 1 and expected in errors[0], out.stderr[-2000:]
     assert not (run_dir / "logs").exists()
+
+
+def test_node_launch_is_what_deepspeeds_runner_runs_with_no_ssh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each emulated node runs DeepSpeed's per-node launcher as its runner would for
+    `--no_ssh --node_rank N`: the same encoding of the hosts, arguments its parser takes."""
+    from deepspeed.launcher import launch as ds_launch
+    from deepspeed.launcher.runner import encode_world_info as ds_encode
+
+    from engine.launch.node_group import encode_world_info, node_launch_command
+
+    cluster = EmulatedCluster(NetworkConfig(kind=NetworkKind.emulated, nodes=2), ranks=4)
+    world = cluster.world_info()
+    assert world == {"10.77.0.1": [0, 1], "10.77.0.2": [0, 1]}
+    assert encode_world_info(world) == ds_encode(world)
+    cmd = node_launch_command("warning", world, 1, cluster.master_addr, 29500, ["algo=allreduce"])
+    assert cmd[1:4] == ["-u", "-m", "deepspeed.launcher.launch"]
+    monkeypatch.setattr(sys, "argv", ["launch.py", *cmd[4:]])  # its parser reads sys.argv
+    args = ds_launch.parse_args()
+    assert (args.node_rank, args.master_addr, args.master_port, args.no_local_rank) == (1, "10.77.0.1", 29500, True)
+    assert args.training_script.endswith("cli.py") and args.training_script_args == ["algo=allreduce"]
