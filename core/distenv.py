@@ -182,5 +182,11 @@ def init_distributed(backend: str = "auto", timeout_s: float = 60.0, device: str
 
 
 def shutdown_distributed() -> None:
+    """Leave together. Once, on an emulated slow link, a rank of a finished run aborted in gloo's
+    teardown ("terminate called without an active exception") while rank 0 was still writing the
+    summary, which failed the run; the ranks now tear their connections down only after all of
+    them are done (a suspected race, not a proven cause)."""
     if dist.is_initialized():
+        if dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()

@@ -178,3 +178,41 @@ def test_cli_without_tc_stops_before_anything_starts(cli_env: dict[str, str], tm
     expected = "needs root" if os.geteuid() != 0 else "needs iproute2's tc on PATH"
     assert len(errors) == 1 and expected in errors[0], out.stderr[-2000:]
     assert not (run_dir / "logs").exists()
+
+
+def test_node_launch_is_what_deepspeeds_runner_runs_with_no_ssh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each emulated node runs DeepSpeed's per-node launcher as its runner would for
+    `--no_ssh --node_rank N`: the same encoding of the hosts, arguments its parser takes."""
+    from deepspeed.launcher import launch as ds_launch
+    from deepspeed.launcher.runner import encode_world_info as ds_encode
+
+    from engine.launch.node_group import encode_world_info, node_launch_command
+
+    cluster = EmulatedCluster(NetworkConfig(kind=NetworkKind.emulated, nodes=2), ranks=4)
+    world = cluster.world_info()
+    assert world == {"10.77.0.1": [0, 1], "10.77.0.2": [0, 1]}
+    assert encode_world_info(world) == ds_encode(world)
+    cmd = node_launch_command("warning", world, 1, cluster.master_addr, 29500, ["algo=allreduce"])
+    assert cmd[1:4] == ["-u", "-m", "deepspeed.launcher.launch"]
+    monkeypatch.setattr(sys, "argv", ["launch.py", *cmd[4:]])  # its parser reads sys.argv
+    args = ds_launch.parse_args()
+    assert (args.node_rank, args.master_addr, args.master_port, args.no_local_rank) == (1, "10.77.0.1", 29500, True)
+    assert args.training_script.endswith("cli.py") and args.training_script_args == ["algo=allreduce"]
+
+
+def test_a_link_is_tbf_with_netem_inside_split_over_two_hops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tc commands of one hop (this machine's kernel may lack netem, so they are checked as
+    commands): the rate in a token bucket, half the delay and jitter and the per-hop loss that
+    makes the node-to-node path lose loss_pct, in a netem inside it."""
+    issued: list[tuple[str, ...]] = []
+    monkeypatch.setattr(network, "_tc", lambda ns, *args: issued.append((ns, *args)) or subprocess.CompletedProcess(args, 0))
+    cfg = NetworkConfig(kind=NetworkKind.emulated, nodes=2, bandwidth_mbit=100, latency_ms=10, jitter_ms=2, loss_pct=1)
+    EmulatedCluster(cfg, ranks=2)._shape("ns", "dev")
+    (tbf, netem) = issued
+    assert tbf[:8] == ("ns", "qdisc", "add", "dev", "dev", "root", "handle", "1:") and tbf[8:11] == ("tbf", "rate", "100mbit")
+    assert netem[5:7] == ("parent", "1:1") and netem[9:13] == ("netem", "delay", "5ms", "1ms")
+    hop = float(netem[14].rstrip("%"))
+    assert netem[13] == "loss" and (1 - hop / 100) ** 2 == pytest.approx(0.99)
+    issued.clear()
+    EmulatedCluster(NetworkConfig(kind=NetworkKind.emulated, bandwidth_mbit=20), ranks=2)._shape("ns", "dev")
+    assert len(issued) == 1  # bandwidth alone: no netem needed

@@ -106,3 +106,34 @@ def test_every_shipped_table_composes_row_by_row(name: str, tmp_path: Path) -> N
             args = row_args(table, row, table.seeds[0], row_dir(tmp_path, row, table.seeds[0]))
             assert " on " in describe_row(args), row.label
             assert row.paper.get("source") is not None or not row.paper, f"{row.label}: a paper number without its source"
+
+
+def test_per_row_baselines_time_to_target_and_speedup_plot(tmp_path: Path) -> None:
+    """Rows compared with their own baseline (the same bandwidth), wall-clock to a target accuracy
+    from the evaluations, and the speed-up plot against the rows' x: from written results, no runs."""
+    from engine.tables.config import RowConfig, TableConfig, row_dir
+    from engine.tables.plots import draw_table_plots
+    from engine.tables.render import NOT_REACHED, gather, render_markdown
+
+    rows = [RowConfig(label=f"{algo}_{bw:g}", baseline=f"slow_{bw:g}", x=bw, series=algo)
+            for bw in (100.0, 1000.0) for algo in ("slow", "fast")]
+    table = TableConfig(name="t", rows=rows, target_acc=0.9, columns=["test_acc", "updates_per_s", "time_to_target_s"],
+                        ratios=["updates_per_s"], plots=["speedup:updates_per_s", "wall"], x_label="Mbit/s")
+    rate = {"slow_100": 10.0, "fast_100": 80.0, "slow_1000": 50.0, "fast_1000": 100.0}
+    for row in rows:
+        run = row_dir(tmp_path, row, 0)
+        run.root.mkdir(parents=True)
+        run.summary.write_text(json.dumps({"test_acc": 0.95, "updates_per_s": rate[row.label]}))
+        reached = 0.95 if row.label != "slow_1000" else 0.5  # slow_1000 never reaches 0.9
+        run.metrics.write_text("".join(json.dumps(r) + "\n" for r in [
+            {"kind": "run", "step": 0, "network": {"bandwidth_mbit": row.x}},
+            {"kind": "eval", "step": 5, "wall_s": 2.0, "test_acc": 0.5},
+            {"kind": "eval", "step": 10, "wall_s": 4.0, "test_acc": reached}]))
+    records = {r["label"]: r for r in gather(table, tmp_path, {})}
+    assert records["fast_100"]["updates_per_s_vs_base"] == pytest.approx(8.0)
+    assert records["fast_1000"]["updates_per_s_vs_base"] == pytest.approx(2.0)
+    assert records["fast_100"]["time_to_target_s"] == 4.0 and records["slow_1000"]["time_to_target_s"] == NOT_REACHED
+    markdown = render_markdown(table, list(records.values()))
+    assert "| fast_100 | 0.9500 | 80 | 4.0 s | slow_100 | 8x |" in markdown, markdown
+    made = draw_table_plots(table, list(records.values()), tmp_path)
+    assert [p.name for p in made] == ["speedup_updates_per_s.png", "accuracy_wall.png"]

@@ -23,7 +23,8 @@ Three ways to start the ranks (docs/multinode.md):
   signals only its own ranks. Node 0 writes `logs/launch.json`; the others wait to see it,
   which proves the run directory is shared before any rank starts;
 - `launch.network`: an emulated cluster on this machine (engine.launch.network builds it and
-  removes it afterwards), each node's share started the no-ssh way inside its namespace.
+  removes it afterwards), each node's share started inside its namespace by DeepSpeed's per-node
+  launcher, as the no-ssh way starts it on real nodes.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ import subprocess
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any, Callable, Optional
@@ -47,8 +48,8 @@ import torch
 from core.errors import USER_ERROR_EXIT, UserError, report_user_errors
 from core.rundir import SUPERVISED_ENV, RunDir
 from engine.launch.config import Launcher, LaunchConfig, node_plan_of
-from engine.launch.network import MASTER_PORT, EmulatedCluster, write_hostfile
-from engine.launch.node_group import node_group_command
+from engine.launch.network import MASTER_PORT, EmulatedCluster
+from engine.launch.node_group import node_group_command, node_launch_command
 from engine.launch.rank_watch import RankWatch, Stall
 from engine.launch.remote import probe_hosts, write_deepspeed_env
 
@@ -309,11 +310,11 @@ def _no_ssh_plan(cfg: LaunchConfig, run_dir: RunDir | Path, args: list[str]) -> 
 
 
 def _emulated_plan(cfg: LaunchConfig, run_dir: RunDir, args: list[str], cluster: EmulatedCluster) -> _Plan:
-    """launch.network: node i's share of the ranks started by DeepSpeed's no-ssh launch inside
-    node i's namespace, as on real nodes; all nodes share this machine's cores."""
-    hostfile = write_hostfile(cluster, run_dir.logs / "emulated_hostfile")
-    node = replace(cfg, hostfile=str(hostfile), no_ssh=True, master_port=MASTER_PORT)
-    cmds = [cluster.prefix(i) + multi_node_command(replace(node, node_rank=i), cluster.master_addr, MASTER_PORT, args)
+    """launch.network: node i's share of the ranks started by DeepSpeed's per-node launcher inside
+    node i's namespace, as `--no_ssh --node_rank i` starts them on real nodes; all nodes share
+    this machine's cores."""
+    cmds = [cluster.prefix(i) + node_launch_command(str(cfg.log_level), cluster.world_info(), i, cluster.master_addr,
+                                                    MASTER_PORT, args)
             for i in range(cluster.nodes)]
     env = {**launcher_env(cfg, cfg.nproc), **cluster.env()}
     return _Plan(node_group_command(cmds), env, RankWatch(run_dir, local_ranks=set(range(cfg.nproc))))

@@ -5,8 +5,8 @@ wall-clock. `launch.network` builds the regime the papers are about: `nodes` nam
 split evenly over them, sharing their node's namespace so that traffic inside a node stays on its
 loopback, as on a real node), joined by a switch, each node's link limited to `bandwidth_mbit`
 (and, where the kernel has netem, delayed by `latency_ms` with `jitter_ms` and dropping `loss_pct`).
-This module's one job is to build that and remove it; `engine.launch.launcher` starts one
-DeepSpeed no-ssh launch per node inside it, the same path a real multi-node job takes.
+This module's one job is to build that and remove it; `engine.launch.launcher` starts DeepSpeed's
+per-node launcher in every node's namespace, as a no-ssh multi-node job starts it on real nodes.
 
 Layout, all of it in namespaces of its own (nothing is added to the root namespace, so no address,
 route or firewall rule of this machine is involved, and concurrent runs cannot collide):
@@ -38,7 +38,6 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 from core.errors import UserError
@@ -215,9 +214,9 @@ class EmulatedCluster:
         hostname, which would resolve to loopback."""
         return {"GLOO_SOCKET_IFNAME": IFNAME, "TP_SOCKET_IFNAME": IFNAME}
 
-    def hostfile_text(self) -> str:
-        per_node = self.ranks // self.nodes
-        return "".join(f"{addr} slots={per_node}\n" for addr in self.addresses)
+    def world_info(self) -> dict[str, list[int]]:
+        """The nodes and their slots as DeepSpeed's launcher takes them (a hostfile of the addresses)."""
+        return {addr: list(range(self.ranks // self.nodes)) for addr in self.addresses}
 
     # ---- building ---------------------------------------------------------------------------
     def build(self) -> "EmulatedCluster":
@@ -288,10 +287,3 @@ class EmulatedCluster:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def write_hostfile(cluster: EmulatedCluster, path: Path) -> Path:
-    """The DeepSpeed hostfile of the emulated nodes (their addresses), for the no-ssh launches."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("# the emulated nodes of launch.network (engine/launch/network.py)\n" + cluster.hostfile_text())
-    return path

@@ -94,7 +94,8 @@ class RunReport:
         return round(state.step / max(self.facts.steps_per_epoch, 1), 4)
 
     def after_eval(self, state: Any, result: dict[str, float], comm: dict[str, float]) -> None:
-        self.reporter.log({"kind": "eval", "step": state.step, "epoch": self._epoch(state), **result, **comm})
+        self.reporter.log({"kind": "eval", "step": state.step, "epoch": self._epoch(state),
+                           "wall_s": round(state.elapsed(), 3), **result, **comm})
         if self.bar is not None:
             self.bar.write(f"step {state.step}: test_acc {result['test_acc']:.4f}  test_loss {result['test_loss']:.4f}")
 

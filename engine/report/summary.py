@@ -29,6 +29,8 @@ def gather_summary(mine: dict[str, Any], world_size: int, reporting: bool, resul
         "wall_s": round(state.elapsed(), 3),
         "train_s": round(state.train_seconds, 3),
         "samples_per_s": state.samples_seen / state.train_seconds if state.train_seconds else 0.0,
+        # optimizer steps per second summed over the training ranks: a parameter server's worker updates/s
+        "updates_per_s": state.step * facts.train_ranks / state.train_seconds if state.train_seconds else 0.0,
         "world_size": facts.world_size,
         "train_ranks": facts.train_ranks,
         "global_batch": facts.global_batch,

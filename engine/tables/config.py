@@ -30,6 +30,9 @@ class RowConfig(Section):
     overrides: list[str] = field(default_factory=list)
     paper: dict[str, Any] = field(default_factory=dict)  # metric -> published value, plus "source"
     note: str = ""
+    baseline: Optional[str] = None  # the row this row's ratios refer to (null: the table's baseline)
+    x: Optional[float] = None  # the row's place on the x axis of `speedup:` plots (e.g. link Mbit/s)
+    series: Optional[str] = None  # its line in those plots (null: its label)
 
 
 @dataclass
@@ -44,6 +47,13 @@ class TableConfig(Section):
     paper_metrics: list[str] = field(default_factory=lambda: ["test_acc"])  # published columns shown
     plots: list[str] = field(default_factory=lambda: ["accuracy"])  # accuracy | series:<key> | throughput
     rows: list[RowConfig] = field(default_factory=list)
+    # summary.json keys shown per row, plus time_to_target_s (needs target_acc); ratios: those
+    # divided by the baseline row's
+    columns: list[str] = field(default_factory=lambda: ["test_acc", "best_test_acc", "steps", "syncs", "comm_bytes",
+                                                        "wall_s", "samples_per_s"])
+    ratios: list[str] = field(default_factory=lambda: ["syncs", "comm_bytes", "wall_s", "samples_per_s"])
+    target_acc: Optional[float] = option(None, gt=0, le=1)  # time_to_target_s: wall-clock to this test_acc
+    x_label: str = ""  # what a row's `x` is, for `speedup:` plots
     dry_run: bool = False
     launcher: TableLauncher = TableLauncher.local
     row_timeout_s: Optional[float] = option(None, gt=0)
@@ -56,8 +66,11 @@ def load_table(node: DictConfig) -> TableConfig:
         raise UserError(f"table {table.name}: no rows")
     if len(set(labels)) != len(labels):
         raise UserError(f"table {table.name}: row labels must be unique ({labels})")
-    if table.baseline is not None and table.baseline not in labels:
-        raise UserError(f"table.baseline={table.baseline} is not a row label; rows: {', '.join(labels)}")
+    for where, base in [("table.baseline", table.baseline)] + [(f"row {r.label}: baseline", r.baseline) for r in table.rows]:
+        if base is not None and base not in labels:
+            raise UserError(f"{where}={base} is not a row label; rows: {', '.join(labels)}")
+    if "time_to_target_s" in table.columns and table.target_acc is None:
+        raise UserError(f"table {table.name}: the time_to_target_s column needs table.target_acc")
     return table
 
 

@@ -2,7 +2,10 @@
 
 - accuracy: test accuracy against step and against communicated bytes (all ranks);
 - series:<key>: a training-record series against step for every row that logs it (QSR's H, lr);
-- throughput: samples/s per row as bars (WAGMA under load imbalance).
+- throughput: samples/s per row as bars (WAGMA under load imbalance);
+- wall: test accuracy against wall-clock seconds (what a shorter training time buys);
+- speedup:<metric>: each row's <metric> over its baseline row's, against the rows' `x` (e.g. the
+  link's bandwidth), one line per `series` (DGS's scalability figure).
 """
 from __future__ import annotations
 
@@ -61,6 +64,19 @@ def draw_table_plots(table: Any, records: list[dict[str, Any]], out: Path) -> li
             ax.legend(fontsize=8)
             fig.tight_layout()
             path = out / f"{key}.png"
+        elif plot == "wall":
+            fig, ax = plt.subplots(figsize=(8, 4.5))
+            for label, runs in metrics.items():
+                evals = [r for r in (runs[0] if runs else []) if r.get("kind") == "eval" and r.get("wall_s") is not None]
+                if evals:
+                    ax.plot([r["wall_s"] for r in evals], [r["test_acc"] for r in evals], "o-", ms=3, label=label)
+            ax.set(xlabel="wall-clock s", ylabel="test accuracy")
+            ax.set_title(_title(table, "accuracy against wall-clock"), fontsize=10)
+            ax.legend(fontsize=8)
+            fig.tight_layout()
+            path = out / "accuracy_wall.png"
+        elif plot.startswith("speedup:"):
+            fig, path = _speedup(plt, table, records, plot.split(":", 1)[1], out)
         elif plot == "throughput":
             fig, ax = plt.subplots(figsize=(8, 4))
             ok = [r for r in records if r.get("samples_per_s")]
@@ -79,3 +95,22 @@ def draw_table_plots(table: Any, records: list[dict[str, Any]], out: Path) -> li
         plt.close(fig)
         made.append(path)
     return made
+
+
+def _speedup(plt: Any, table: Any, records: list[dict[str, Any]], metric: str, out: Path) -> tuple[Any, Path]:
+    """Each row's `metric` over its baseline row's against the rows' x, one line per series."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    series: dict[str, list[tuple[float, float]]] = {}
+    for rec in records:
+        ratio = rec.get(f"{metric}_vs_base")
+        if rec.get("x") is not None and ratio:
+            series.setdefault(rec["series"], []).append((float(rec["x"]), ratio))
+    for name, points in series.items():
+        points.sort()
+        ax.plot([p[0] for p in points], [p[1] for p in points], "o-", label=name)
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set(xscale="log", xlabel=table.x_label or "x", ylabel=f"{metric} / baseline row's")
+    ax.set_title(_title(table, f"speed-up ({metric})"), fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig, out / f"speedup_{metric}.png"
