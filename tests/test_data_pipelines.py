@@ -155,6 +155,34 @@ def _digits_report(pipeline: str, root: str) -> dict[str, Any]:
             "eval": _collect(evals.batches())}
 
 
+def _epoch_boundary_report(pipeline: str, root: str) -> dict[str, Any]:
+    """Pipelines (DALI) or compilations (FFCV) that three epochs of digits cost once the stream is
+    built, and whether DALI's batches are those of its per-epoch pipelines (its earlier way)."""
+    from data import DataRequest, build_data
+
+    train, _ = build_data(data_config("digits", pipeline, root),
+                          DataRequest(32, 100, seed=5, shard=1, num_shards=SHARDS, eval_shard=0, eval_num_shards=1))
+    if pipeline == "dali":
+        from data.pipelines.dali import DALITrainStream
+
+        per_epoch = DALITrainStream(train.builder, train.files.tolist(), train.labels.tolist(), 32, 5, 1, SHARDS)
+        read = [_collect(train.batches(e)) for e in range(3)] + [_collect(train.batches(1, 3))]
+        ref = [_collect(per_epoch.batches(e)) for e in range(3)] + [_collect(per_epoch.batches(1, 3))]
+        same = all(_same(a[0], b[0]) and _same(a[1], b[1]) for a, b in zip(read, ref))
+        return {"builds": train.builds, "same": same}
+    from ffcv.loader import Loader
+
+    compiled = []
+    original = Loader.generate_code
+    Loader.generate_code = lambda self: (compiled.append(1), original(self))[1]
+    try:
+        for epoch in range(3):
+            _collect(train.batches(epoch))
+    finally:
+        Loader.generate_code = original
+    return {"builds": len(compiled), "same": True}
+
+
 CROP_SHAPES = ((300, 400), (10, 400))  # (height, width): a photograph, and one too thin for any try
 
 
@@ -173,6 +201,8 @@ def pipeline_report(rank: int, world: int, pipeline: str, root: str) -> dict[str
            "digits": _digits_report(pipeline, root)}
     if pipeline == "ffcv":
         out["crop_windows"] = _ffcv_crop_windows()
+    if pipeline in ("ffcv", "dali"):
+        out["epochs"] = _epoch_boundary_report(pipeline, root)
     return out
 
 
@@ -207,6 +237,16 @@ def test_order_is_deterministic_and_resume_is_exact(report: tuple[str, dict], na
     assert rep["resume_equal"], f"{pipeline} {name}: batches(epoch, start) differ from the uninterrupted epoch"
     # augmentation draws anew each epoch (else the exactness above would be cheap)
     assert rep["varied"] > 0.5, f"{pipeline} {name}: only {rep['varied']:.0%} of samples changed across epochs"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("pipeline", ["ffcv", "dali"])
+def test_one_pipeline_across_epochs(pipeline: str, data_root: str) -> None:
+    """No rebuild (DALI) or recompilation (FFCV) at epoch boundaries or a resume; DALI's batches
+    on digits unchanged from its per-epoch pipelines."""
+    rep = _report(pipeline, data_root)["epochs"]
+    assert rep["builds"] == (1 if pipeline == "dali" else 0), rep
+    assert rep["same"], f"{pipeline}: batches differ from the per-epoch pipelines'"
 
 
 @pytest.mark.timeout(600)

@@ -12,28 +12,43 @@ Order: each epoch the reader gets the file list in `data.sampler`'s order, laid 
 DALI's contiguous shard `shard_id` is exactly this rank's strided shard: the same samples in the
 same order as the torchvision pipeline. Shuffling inside DALI is off.
 
-Resume: one pipeline per epoch, seeded from (seed, epoch, shard), which is what DALI's
-maintainers advise instead of saving random state (NVIDIA/DALI#1378): its random operators draw
-from counter-based generators, so a pipeline with that seed, fed the same files, yields the same
-batches. `batches(epoch, start)` builds the epoch's pipeline and drops its first `start` batches;
-what follows equals the uninterrupted run's. The price: a resume in mid-epoch re-reads that
-many batches of this rank (none when resuming at an epoch boundary).
+One pipeline for the whole run, where the data set's graph takes its random draws as inputs
+(`DataSet.dali_draws`: CIFAR's crop offsets and flips, digits' none): the training files reach
+DALI through an external source fed from `data.sampler`'s order of each epoch, with the draws
+computed from `sample_seeds(seed, epoch, index)`, so an epoch boundary costs no rebuild (the
+pipeline is reset and fed the next epoch), and `batches(epoch, start)` feeds from batch `start`
+on: a resume reads nothing twice. The files are read in Python, from memory once read when the
+split's files are small (CIFAR's and digits' copies).
+
+Where the graph draws from DALI's own generators (ImageNet's random crop, drawn inside the
+decoder so that only the crop is decoded), one pipeline per epoch, seeded from (seed, epoch,
+shard), which is what DALI's maintainers advise instead of saving random state
+(NVIDIA/DALI#1378): its random operators draw from counter-based generators, so a pipeline with
+that seed, fed the same files, yields the same batches. `batches(epoch, start)` builds the
+epoch's pipeline and drops its first `start` batches; what follows equals the uninterrupted
+run's. The price: a build per epoch, and a resume in mid-epoch re-reads that many batches.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any, Optional
 
 import numpy as np
 import torch
-from nvidia.dali import fn, pipeline_def
+from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
 from data.config import DataConfig
 from data.prepared import check_prepared, needs_preparation, prepared_dir
-from data.sampler import epoch_shards, eval_slice
+from data.sampler import epoch_shards, eval_slice, sample_seeds, shard_indices
 from data.sets import DATASETS
+from data.sets.base import KeyedDraws
 from data.stream import Batch, DataRequest
+
+#: the training files are kept in memory once read when all of them together are smaller
+CACHE_BYTES = 2 * 2**30
+_DALI_TYPES = {np.dtype(np.float32): types.FLOAT, np.dtype(np.int32): types.INT32, np.dtype(np.int64): types.INT64}
 
 
 def file_list(cfg: DataConfig, split: str) -> tuple[list[str], list[int]]:
@@ -60,6 +75,58 @@ def _graph(cfg: DataConfig, files: list[str], labels: list[int], shard: int, num
     return images, (label.gpu() if decoder == "mixed" else label)
 
 
+@pipeline_def
+def _fed_graph(cfg: DataConfig, feed: Any, train: bool, decoder: str) -> tuple[Any, Any]:
+    names = list(feed.draws.dtypes)
+    dtypes = [types.UINT8, types.INT64] + [_DALI_TYPES[np.dtype(feed.draws.dtypes[n])] for n in names]
+    encoded, label, *drawn = fn.external_source(source=feed, num_outputs=2 + len(names), cycle="raise",
+                                                dtype=dtypes, ndim=[1, 0] + [0] * len(names))
+    images = DATASETS.get(cfg.name).dali_images(cfg, encoded, train, decoder, draws=dict(zip(names, drawn)))
+    return images, (label.gpu() if decoder == "mixed" else label)
+
+
+class _Feed:
+    """What DALI's external source reads: the files of one epoch's shard, batch by batch from a
+    chosen batch on, with their labels and keyed draws. DALI calls `iter()` at the start and
+    again after each end of epoch (cycle="raise"); the generator's body reads the order set by
+    `set` only when DALI first asks it for a batch, so the stream sets the next epoch before
+    resetting the pipeline."""
+
+    def __init__(self, files: np.ndarray, labels: np.ndarray, batch_size: int, draws: KeyedDraws) -> None:
+        self.files, self.labels, self.batch_size, self.draws = files, labels, batch_size, draws
+        self.order = np.zeros(0, dtype=np.int64)
+        self.seeds = np.zeros(0, dtype=np.int64)
+        self.start = 0
+        self._cache: Optional[dict[int, np.ndarray]] = {} if _total_bytes(files) <= CACHE_BYTES else None
+
+    def set(self, order: np.ndarray, seeds: np.ndarray, start: int) -> None:
+        self.order, self.seeds, self.start = order, seeds, start
+
+    def _read(self, index: int) -> np.ndarray:
+        if self._cache is None:
+            return np.fromfile(self.files[index], dtype=np.uint8)
+        if index not in self._cache:
+            self._cache[index] = np.fromfile(self.files[index], dtype=np.uint8)
+        return self._cache[index]
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        order, seeds, bs = self.order, self.seeds, self.batch_size
+        for b in range(self.start, len(order) // bs):
+            chosen = order[b * bs:(b + 1) * bs]
+            drawn = self.draws.make(seeds[b * bs:(b + 1) * bs])
+            yield ([self._read(int(i)) for i in chosen], self.labels[chosen],
+                   *(drawn[name] for name in self.draws.dtypes))
+
+
+def _total_bytes(files: np.ndarray) -> int:
+    total = 0
+    for path in files:
+        total += os.path.getsize(path)
+        if total > CACHE_BYTES:
+            break
+    return total
+
+
 class _Builder:
     """Builds this rank's pipelines: device, threads and queue depth from the config."""
 
@@ -76,6 +143,13 @@ class _Builder:
         policy = LastBatchPolicy.DROP if train else LastBatchPolicy.PARTIAL
         return DALIGenericIterator([pipe], ["x", "y"], reader_name="reader", last_batch_policy=policy,
                                    auto_reset=not train)
+
+    def fed_iterator(self, feed: _Feed, train: bool, seed: int) -> DALIGenericIterator:
+        """An iterator over a pipeline that `feed` feeds; each epoch ends when the feed does."""
+        pipe = _fed_graph(self.cfg, feed, train, self.decoder, batch_size=feed.batch_size,
+                          num_threads=max(1, self.cfg.num_workers), device_id=self.device_id, seed=seed,
+                          prefetch_queue_depth=self.cfg.dali.prefetch_queue_depth)
+        return DALIGenericIterator([pipe], ["x", "y"], auto_reset=False)
 
 
 def _pipeline_seed(seed: int, epoch: int, shard: int) -> int:
@@ -108,6 +182,69 @@ class DALITrainStream:
                 yield _batch(out)
 
 
+class DALIFedTrainStream:
+    """The training stream of one pipeline for all epochs (see the module docstring).
+
+    The pipeline is in one of these states between calls: none built yet; at an epoch's end
+    (the last batch handed out: the feed is done, DALI holds the end-of-epoch signal), ready to
+    be reset and fed the next; in use by a generator that is still reading its epoch (a second
+    call meanwhile, such as a plugin's BatchNorm pass, reads through a pipeline of its own,
+    which yields the same batches since the draws are keyed); or abandoned mid-epoch (its
+    batches already prefetched belong to that epoch), then built anew."""
+
+    def __init__(self, builder: _Builder, files: list[str], labels: list[int], batch_size: int, seed: int,
+                 shard: int, num_shards: int, draws: KeyedDraws) -> None:
+        self.builder, self.batch_size, self.seed, self.shard, self.num_shards = builder, batch_size, seed, shard, num_shards
+        self.files, self.labels, self.draws = np.asarray(files), np.asarray(labels, dtype=np.int64), draws
+        self.num_samples = len(files)
+        self.steps_per_epoch = (self.num_samples // num_shards) // batch_size
+        self.feed = _Feed(self.files, self.labels, batch_size, draws)
+        self._it: Optional[DALIGenericIterator] = None
+        self._state = "none"  # none | end | busy | abandoned
+        self.builds = 0  # pipelines built for this stream's main reading (one, unless abandoned)
+
+    def _epoch(self, feed: _Feed, epoch: int, start: int) -> None:
+        order = shard_indices(self.num_samples, self.seed, epoch, self.shard, self.num_shards)
+        order = order[:self.steps_per_epoch * self.batch_size]
+        feed.set(order.numpy(), sample_seeds(self.seed, epoch, order).numpy(), start)
+
+    def _pipeline_seed(self) -> int:
+        return _pipeline_seed(self.seed, 0, self.shard)  # (nothing random is drawn by DALI itself)
+
+    def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        if start >= self.steps_per_epoch:
+            return iter(())
+        if self._state == "busy":  # a second reader while the main one is mid-epoch
+            feed = _Feed(self.files, self.labels, self.batch_size, self.draws)
+            feed._cache = self.feed._cache
+            self._epoch(feed, epoch, start)
+            return self._read(self.builder.fed_iterator(feed, True, self._pipeline_seed()), start, main=False)
+        self._epoch(self.feed, epoch, start)
+        if self._state == "end":
+            try:
+                next(self._it)  # the end-of-epoch signal DALI holds
+            except StopIteration:
+                pass
+            self._it.reset()
+        else:  # none yet, or one left mid-epoch
+            self._it = self.builder.fed_iterator(self.feed, True, self._pipeline_seed())
+            self.builds += 1
+        self._state = "busy"
+        return self._read(self._it, start, main=True)
+
+    def _read(self, it: DALIGenericIterator, start: int, main: bool) -> Iterator[Batch]:
+        last = self.steps_per_epoch - 1
+        finished = False
+        try:
+            for step, out in zip(range(start, self.steps_per_epoch), it):
+                if main and step == last:
+                    self._state, finished = "end", True
+                yield _batch(out)
+        finally:
+            if main and not finished:
+                self._state = "abandoned"
+
+
 class DALIEvalStream:
     def __init__(self, builder: _Builder, files: list[str], labels: list[int], batch_size: int, shard: int,
                  num_shards: int) -> None:
@@ -122,13 +259,18 @@ class DALIEvalStream:
                 yield _batch(out)
 
 
-def build(cfg: DataConfig, req: DataRequest) -> tuple[Optional[DALITrainStream], DALIEvalStream]:
+def build(cfg: DataConfig, req: DataRequest) -> tuple[Any, DALIEvalStream]:
     check_prepared(cfg)
     builder = _Builder(cfg, torch.device(req.device))
     train = None
     if req.shard is not None:
-        train = DALITrainStream(builder, *file_list(cfg, "train"), req.batch_size, req.seed, req.shard,
-                                req.num_shards)
+        draws = DATASETS.get(cfg.name).dali_draws(cfg, True)
+        if draws is None:  # the graph draws from DALI's generators: a pipeline per epoch
+            train = DALITrainStream(builder, *file_list(cfg, "train"), req.batch_size, req.seed, req.shard,
+                                    req.num_shards)
+        else:
+            train = DALIFedTrainStream(builder, *file_list(cfg, "train"), req.batch_size, req.seed, req.shard,
+                                       req.num_shards, draws)
     evals = DALIEvalStream(builder, *file_list(cfg, "val"), req.eval_batch_size, req.eval_shard,
                            req.eval_num_shards)
     return train, evals

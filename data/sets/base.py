@@ -11,7 +11,10 @@ DALI graph. The pipelines hold no code for any particular data set.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Optional
+
+import numpy as np
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -23,6 +26,20 @@ from data.pipelines.device_ops import DeviceAugment
 
 Transform = Callable[[Any], Any]
 Finish = Callable[[Any], Any]  # FFCV: the loader's image tensor -> the model's input
+
+
+@dataclass(frozen=True)
+class KeyedDraws:
+    """Per-sample random draws a pipeline computes from the samples' seeds (`data.sampler.
+    sample_seeds`) and feeds to a data set's DALI graph: name -> numpy dtype, and the function
+    from an int64 array of seeds to one array per name. With them a graph's randomness is a pure
+    function of (seed, epoch, index), so one DALI pipeline serves every epoch."""
+
+    dtypes: dict[str, Any] = field(default_factory=dict)
+    make: Callable[[np.ndarray], dict[str, np.ndarray]] = lambda seeds: {}
+
+
+NO_DRAWS = KeyedDraws()  # a graph with nothing random
 
 
 class DataSet(ABC):
@@ -94,9 +111,17 @@ class DataSet(ABC):
         so that a resumed run repeats them."""
         raise NotImplementedError(f"{self.name} declares no FFCV operations")
 
-    def dali_images(self, cfg: DataConfig, encoded: Any, train: bool, decoder: str) -> Any:
-        """The DALI graph from encoded files to float CHW images; `decoder` is "cpu" or "mixed"."""
+    def dali_images(self, cfg: DataConfig, encoded: Any, train: bool, decoder: str,
+                    draws: Optional[dict[str, Any]] = None) -> Any:
+        """The DALI graph from encoded files to float CHW images; `decoder` is "cpu" or "mixed";
+        `draws`: the data nodes of `dali_draws`' arrays, when the pipeline feeds them."""
         raise NotImplementedError(f"{self.name} declares no DALI graph")
+
+    def dali_draws(self, cfg: DataConfig, train: bool) -> Optional[KeyedDraws]:
+        """The random draws the DALI graph takes as inputs (NO_DRAWS: it draws nothing); None:
+        it draws from DALI's own generators, and the pipeline then builds one DALI pipeline per
+        epoch, seeded from (seed, epoch, shard), to repeat them exactly."""
+        return None
 
     def device_augment(self, cfg: DataConfig, train: bool) -> DeviceAugment:
         """What the device pipeline does to a batch of the split (crop, flip, normalisation),

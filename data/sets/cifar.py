@@ -13,14 +13,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
+import torch
 
 from core.errors import UserError
 from data.config import DataConfig
 from data.forms.arrays import ArraySamples
 from data.forms.safe_pickle import load_restricted
-from data.pipelines.device_ops import DeviceAugment
+from data.pipelines.device_ops import DeviceAugment, crop_offsets
 from data.sets import register_dataset
-from data.sets.base import DataSet, Finish, Transform
+from data.sets.base import NO_DRAWS, DataSet, Finish, KeyedDraws, Transform
 
 PAD = 4  # pixels of zero padding before the random crop
 
@@ -106,7 +107,24 @@ class Cifar(DataSet):
             ops += [SeededPaddedCrop(PAD, epoch_key), SeededFlip(epoch_key)]
         return ops, Normalise(self.mean, self.std)
 
-    def dali_images(self, cfg: DataConfig, encoded: Any, train: bool, decoder: str) -> Any:
+    def dali_draws(self, cfg: DataConfig, train: bool) -> Optional[KeyedDraws]:
+        """The device pipeline's crop offsets and flips (`crop_offsets`), as crop_mirror_normalize's
+        relative crop positions: DALI and the device pipeline crop a sample alike."""
+        if not (train and cfg.augment):
+            return NO_DRAWS
+        size = cfg.image_size or self.image_size
+        span = 32 + 2 * PAD - size
+
+        def make(seeds: np.ndarray) -> dict[str, np.ndarray]:
+            rows, cols, flips = crop_offsets(torch.from_numpy(seeds), 32, size, PAD, True)
+            return {"crop_y": (rows.numpy() / max(span, 1)).astype(np.float32),
+                    "crop_x": (cols.numpy() / max(span, 1)).astype(np.float32),
+                    "mirror": flips.numpy().astype(np.int32)}
+
+        return KeyedDraws({"crop_y": np.float32, "crop_x": np.float32, "mirror": np.int32}, make)
+
+    def dali_images(self, cfg: DataConfig, encoded: Any, train: bool, decoder: str,
+                    draws: Optional[dict[str, Any]] = None) -> Any:
         from nvidia.dali import fn, types
 
         norm = self.dali_normalisation()
@@ -116,10 +134,12 @@ class Cifar(DataSet):
         size = cfg.image_size or self.image_size  # torchvision's RandomCrop(size, padding) + flip
         side = size + 2 * PAD
         padded = fn.crop(images, crop=(side, side), out_of_bounds_policy="pad", fill_values=0)
-        offsets = [k / (2 * PAD) for k in range(2 * PAD + 1)]  # integer pixel offsets 0..2*PAD
-        return fn.crop_mirror_normalize(padded, crop=(size, size), crop_pos_x=fn.random.uniform(values=offsets),
-                                        crop_pos_y=fn.random.uniform(values=offsets),
-                                        mirror=fn.random.coin_flip(), **norm)
+        if draws is None:  # DALI's own generators (a pipeline per epoch)
+            offsets = [k / (2 * PAD) for k in range(2 * PAD + 1)]  # integer pixel offsets 0..2*PAD
+            draws = {"crop_x": fn.random.uniform(values=offsets), "crop_y": fn.random.uniform(values=offsets),
+                     "mirror": fn.random.coin_flip()}
+        return fn.crop_mirror_normalize(padded, crop=(size, size), crop_pos_x=draws["crop_x"],
+                                        crop_pos_y=draws["crop_y"], mirror=draws["mirror"], **norm)
 
 
 CIFAR10 = register_dataset(Cifar(

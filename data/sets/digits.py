@@ -22,7 +22,7 @@ from data.config import DataConfig
 from data.forms.tensors import TensorSamples
 from data.pipelines.device_ops import DeviceAugment
 from data.sets import register_dataset
-from data.sets.base import DataSet, Finish
+from data.sets.base import NO_DRAWS, DataSet, Finish, KeyedDraws
 
 NUM_SAMPLES = 1797
 
@@ -98,7 +98,11 @@ class Digits(DataSet):
 
         return [NDArrayDecoder()], _copy
 
-    def dali_images(self, cfg: DataConfig, encoded: Any, train: bool, decoder: str) -> Any:
+    def dali_draws(self, cfg: DataConfig, train: bool) -> Optional[KeyedDraws]:
+        return NO_DRAWS
+
+    def dali_images(self, cfg: DataConfig, encoded: Any, train: bool, decoder: str,
+                    draws: Optional[dict[str, Any]] = None) -> Any:
         from nvidia.dali import fn, types
 
         images = fn.decoders.numpy(encoded, dtype=types.FLOAT)

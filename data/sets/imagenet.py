@@ -8,12 +8,12 @@ recipe, which the papers reproduced here train with).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from data.config import DataConfig
 from data.forms.imagefolder import ImageFolderSamples, imagefolder_split
 from data.sets import register_dataset
-from data.sets.base import DataSet, Finish, Transform
+from data.sets.base import NO_DRAWS, DataSet, Finish, KeyedDraws, Transform
 
 SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)  # RandomResizedCrop's area share and aspect ranges
 
@@ -61,7 +61,14 @@ class ImageNet(DataSet):
             ops = [CenterCropRGBImageDecoder((size, size), ratio=size / resize)]
         return ops, Normalise(self.mean, self.std)
 
-    def dali_images(self, cfg: DataConfig, encoded: Any, train: bool, decoder: str) -> Any:
+    def dali_draws(self, cfg: DataConfig, train: bool) -> Optional[KeyedDraws]:
+        """Training crops draw from DALI's own generator inside the decoder (a region decode:
+        only the crop is decoded), so a training pipeline is built per epoch; evaluation draws
+        nothing."""
+        return None if train and cfg.augment else NO_DRAWS
+
+    def dali_images(self, cfg: DataConfig, encoded: Any, train: bool, decoder: str,
+                    draws: Optional[dict[str, Any]] = None) -> Any:
         from nvidia.dali import fn, types
 
         size, resize = self.sizes(cfg)

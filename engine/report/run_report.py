@@ -18,6 +18,7 @@ from core.rundir import RunDir
 from engine.report.metrics import LoggerConfig, Reporter, read_metrics
 from engine.report.plots import plot_run, plot_series
 from engine.report.summary import print_summary
+from engine.report.utilisation import utilisation
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class RunFacts:
     total_steps: int
     steps_per_epoch: int
     network: Optional[dict[str, Any]] = None  # the emulated link (launch.network), None on loopback
+    num_gpus: int = 0  # GPUs the job trains on (0: the CPU)
+    flops_per_sample: Optional[float] = None  # the model's training FLOPs per sample (models.flops)
+    peak_flops: Optional[float] = None  # one GPU's peak at the run's precision (None: unknown, CPU)
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -53,9 +57,11 @@ class RunReport:
         self.reporter = Reporter(run_dir, logger, OmegaConf.to_container(raw, resolve=True), state.resumed_from)
         if facts.network is not None:  # what the following records ran on (a resumed part may differ)
             self.reporter.log({"kind": "run", "step": state.step, "network": facts.network})
-        self._loss = torch.zeros((), dtype=torch.float64)
-        self._correct = self._seen = self._window_samples = 0
-        self._window_t = time.perf_counter()
+        # running sums stay on the loss's device: reading them every step would wait for the GPU
+        self._loss: Optional[torch.Tensor] = None
+        self._correct: Optional[torch.Tensor] = None
+        self._seen = self._window_samples = 0
+        self._window_train_s, self._window_wait_s = state.train_seconds, state.data_wait_seconds
         self.bar = None
         if progress:
             from tqdm import tqdm
@@ -64,8 +70,9 @@ class RunReport:
                             file=sys.stderr, dynamic_ncols=True, leave=True)
 
     def train_batch(self, loss: torch.Tensor, correct: torch.Tensor, n: int) -> None:
-        self._loss += loss.detach().double().cpu() * n
-        self._correct += int(correct)
+        loss = loss.detach().double() * n
+        self._loss = loss if self._loss is None else self._loss + loss
+        self._correct = correct if self._correct is None else self._correct + correct
         self._seen += n
 
     def after_step(self, state: Any, lr: float, trained: bool, metrics: dict[str, float]) -> None:
@@ -75,20 +82,26 @@ class RunReport:
             self.bar.update(1)
         if state.step % self.log_every and state.step != self.facts.total_steps:
             return
-        now = time.perf_counter()
-        sps = self._window_samples / max(now - self._window_t, 1e-9)
+        # the trainer's clock has counted the window's training time (device synchronised)
+        train_s = max(state.train_seconds - self._window_train_s, 1e-9)
+        sps = self._window_samples / train_s
+        f = self.facts
+        used = utilisation(sps, f.num_gpus, f.flops_per_sample, f.peak_flops)
+        loss = self._loss.item() if self._loss is not None else 0.0
+        correct = int(self._correct) if self._correct is not None else 0
         record: dict[str, Any] = {
             "kind": "train", "step": state.step, "epoch": self._epoch(state), "lr": lr,
-            "loss": (self._loss / max(self._seen, 1)).item(), "acc": self._correct / max(self._seen, 1),
-            "samples_per_s": sps, **metrics,
+            "loss": loss / max(self._seen, 1), "acc": correct / max(self._seen, 1),
+            "samples_per_s": sps, "data_wait_frac": (state.data_wait_seconds - self._window_wait_s) / train_s,
+            **({"mfu": used["mfu"]} if used["mfu"] is not None else {}), **metrics,
         }
         self.reporter.log(record)
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record['acc']:.3f}", sps=f"{sps:.0f}",
                                  refresh=False)
-        self._loss.zero_()
-        self._correct = self._seen = self._window_samples = 0
-        self._window_t = now
+        self._loss = self._correct = None
+        self._seen = self._window_samples = 0
+        self._window_train_s, self._window_wait_s = state.train_seconds, state.data_wait_seconds
 
     def _epoch(self, state: Any) -> float:
         return round(state.step / max(self.facts.steps_per_epoch, 1), 4)

@@ -8,6 +8,8 @@ from typing import Any, Callable, Optional
 
 import torch.distributed as dist
 
+from engine.report.utilisation import utilisation
+
 
 def gather_summary(mine: dict[str, Any], world_size: int, reporting: bool, result: dict[str, float],
                    state: Any, facts: Any, best_metric: str,
@@ -20,6 +22,7 @@ def gather_summary(mine: dict[str, Any], world_size: int, reporting: bool, resul
         return None
     workers = [e for e in every if e["worker"]]
     syncs = [e["comm"]["syncs"] for e in workers]
+    samples_per_s = state.samples_seen / state.train_seconds if state.train_seconds else 0.0
     summary: dict[str, Any] = {
         **result,
         "best_test_acc": max(state.best or 0.0, result.get("test_acc", 0.0)) if best_metric == "test_acc" else state.best,
@@ -28,9 +31,14 @@ def gather_summary(mine: dict[str, Any], world_size: int, reporting: bool, resul
         "epochs": state.step / max(facts.steps_per_epoch, 1),
         "wall_s": round(state.elapsed(), 3),
         "train_s": round(state.train_seconds, 3),
-        "samples_per_s": state.samples_seen / state.train_seconds if state.train_seconds else 0.0,
+        "samples_per_s": samples_per_s,  # over training time: evaluation and checkpoints excluded
         # optimizer steps per second summed over the training ranks: a parameter server's worker updates/s
         "updates_per_s": state.step * facts.train_ranks / state.train_seconds if state.train_seconds else 0.0,
+        "data_wait_s": round(state.data_wait_seconds, 3),
+        "data_wait_frac": state.data_wait_seconds / state.train_seconds if state.train_seconds else 0.0,
+        **utilisation(samples_per_s, facts.num_gpus, facts.flops_per_sample, facts.peak_flops),
+        "model_flops_per_sample": facts.flops_per_sample,
+        "peak_flops_per_gpu": facts.peak_flops,
         "world_size": facts.world_size,
         "train_ranks": facts.train_ranks,
         "global_batch": facts.global_batch,
@@ -54,6 +62,13 @@ def gather_summary(mine: dict[str, Any], world_size: int, reporting: bool, resul
     return summary
 
 
+def _per_gpu(summary: dict[str, Any]) -> str:
+    per_gpu, mfu = summary.get("samples_per_s_per_gpu"), summary.get("mfu")
+    if per_gpu is None:
+        return ""
+    return f" ({per_gpu:.0f} per GPU" + (f", MFU {mfu:.1%})" if mfu is not None else ")")
+
+
 def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     """A compact table of the run's results on stdout."""
     from rich.console import Console
@@ -68,7 +83,8 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
         ("steps / epochs", f"{summary['steps']} / {summary['epochs']:.2f}"),
         ("ranks (training)", f"{summary['world_size']} ({summary['train_ranks']})"),
         ("global batch / peak lr", f"{summary['global_batch']} / {summary['peak_lr']:g}"),
-        ("throughput", f"{summary['samples_per_s']:.0f} samples/s"),
+        ("throughput", f"{summary['samples_per_s']:.0f} samples/s{_per_gpu(summary)}"),
+        ("waiting for data", f"{summary['data_wait_frac']:.1%} of training time"),
         ("synchronisations per worker", str(summary["syncs"])),
         ("communicated", f"{summary['comm_bytes'] / 1e6:.2f} MB sent (all ranks), {summary['comm_s']:.2f} s"),
         ("wall time", f"{summary['wall_s']:.1f} s"),

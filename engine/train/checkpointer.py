@@ -41,6 +41,11 @@ class Checkpointer:
         return bool((cfg.every_steps and state.step % cfg.every_steps == 0)
                     or (epoch_end and cfg.every_epochs and state.epoch % cfg.every_epochs == 0))
 
+    def will_save(self, state: TrainState, epoch_end: bool, improved: bool) -> bool:
+        """Whether `after_step` writes (or marks) a checkpoint at this step."""
+        best = improved and self.cfg.keep_best
+        return best or (self.due(state, epoch_end) and state.step < self.total_steps)
+
     def after_step(self, state: TrainState, epoch_end: bool, improved: bool) -> None:
         """The cadence: periodic checkpoints, and one at each new best (not at the last step,
         which `at_end` saves after the final evaluation)."""

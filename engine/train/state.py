@@ -20,7 +20,8 @@ class TrainState:
     best_step: Optional[int] = None
     finalized: bool = False  # the plugin's finalize ran (the final model is in place)
     elapsed_before: float = 0.0  # wall seconds of earlier segments of this run
-    train_seconds: float = 0.0  # wall seconds inside training steps (all segments)
+    train_seconds: float = 0.0  # wall seconds of training, evaluation and checkpoints excluded (all segments)
+    data_wait_seconds: float = 0.0  # of which the loop waited for its next batch
     samples_seen: int = 0  # training samples over all training ranks
     last_eval: dict[str, float] = field(default_factory=dict)
     resumed_from: Optional[int] = None  # the step this segment resumed at (None: fresh)
@@ -43,11 +44,13 @@ class TrainState:
         return {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                 "best": self.best, "best_step": self.best_step, "finalized": self.finalized,
                 "elapsed": self.elapsed(), "train_seconds": self.train_seconds,
+                "data_wait_seconds": self.data_wait_seconds,
                 "samples_seen": self.samples_seen, "last_eval": dict(self.last_eval)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
         self.best, self.best_step, self.finalized = state["best"], state["best_step"], state["finalized"]
         self.elapsed_before, self.train_seconds = state["elapsed"], state["train_seconds"]
+        self.data_wait_seconds = state.get("data_wait_seconds", 0.0)  # (absent from older checkpoints)
         self.samples_seen, self.last_eval = state["samples_seen"], dict(state["last_eval"])
         self.resumed_from = self.step

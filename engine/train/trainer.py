@@ -27,7 +27,9 @@ from engine.checkpoint.files import Manifest, load_rank_file
 from engine.plan import RunPlan
 from engine.report.run_report import RunFacts, RunReport
 from engine.report.summary import gather_summary
+from engine.report.utilisation import peak_flops
 from engine.train.checkpointer import Checkpointer
+from engine.train.clock import TrainClock
 from engine.train.compute import plain_state_dict, prepare_model
 from engine.train.evaluation import Evaluator
 from engine.train.heartbeat import Heartbeat
@@ -38,6 +40,7 @@ from engine.train.state import TrainState
 from engine.train.step import LocalStep
 from engine.train.stop import StopAgreement
 from models import build_model
+from models.flops import train_flops_per_sample
 
 log = logging.getLogger("syncopt")
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -63,6 +66,7 @@ class Trainer:
                                self.algo.no_sync)
         self.imbalance = ImbalanceInjector(cfg.train.imbalance, ctx.rank)
         self.state = TrainState()
+        self.clock = TrainClock(ctx.device, self.state, cfg.train.log_every_steps)
         self.checkpointer = Checkpointer(cfg.checkpoint, plan.run_dir, ctx, cfg.algo.name, plan.resume_keys,
                                          self.capture, self.total_steps)
         self.evaluator = Evaluator(cfg.train, cfg.checkpoint.best_metric, self.total_steps, self.algo, self.model,
@@ -140,9 +144,10 @@ class Trainer:
             restore_rng(saved["rng"])
         else:  # per-rank streams (dropout differs across ranks), independent of what set-up drew
             seed_everything(cfg.seed + 1000 * (self.ctx.rank + 1))
+        self.facts = run_facts(self.plan, self)
         if self.reporting:
             self.report = RunReport(self.plan.run_dir, cfg.raw, cfg.logger, cfg.train.log_every_steps,
-                                    cfg.train.progress, run_facts(self.plan, self), st, self.algo.plot_keys())
+                                    cfg.train.progress, self.facts, st, self.algo.plot_keys())
         stop = StopAgreement(cfg.train.stop_after, cfg.train.preempt_check_every, self.total_steps)
         stopped: Optional[str] = None
         try:
@@ -159,24 +164,37 @@ class Trainer:
                 self.report.close(stopped)
 
     def _loop(self, stop: StopAgreement) -> Optional[str]:
-        st = self.state
+        st, clock = self.state, self.clock
         batches = self._batches()
+        clock.resume()
         while st.step < self.total_steps:
             t0 = time.perf_counter()
             if self.is_worker:
-                self._train_step(*next(batches), t0)
+                batch = next(batches)
+                clock.waited(time.perf_counter() - t0)
+                self._train_step(*batch, t0)
             epoch_end = st.advance(self.steps_per_epoch)
             if epoch_end and st.step < self.total_steps:
                 batches = self._batches()
+            clock.after_step(st.step, self.total_steps)
             if self.report:
                 self.report.after_step(st, self.schedule.lr_at(st.step), self.is_worker,
                                        {**self.algo.comm.as_metrics(), **self.algo.metrics()})
-            improved = self._evaluate()[1] if self.evaluator.due(st.step, st.epoch, epoch_end) else False
-            self.checkpointer.after_step(st, epoch_end, improved)
+            improved = False
+            if self.evaluator.due(st.step, st.epoch, epoch_end):
+                clock.pause()
+                improved = self._evaluate()[1]
+                clock.resume()
+            if self.checkpointer.will_save(st, epoch_end, improved):
+                clock.pause()
+                self.checkpointer.after_step(st, epoch_end, improved)
+                clock.resume()
             reason = stop.reason(st.step)
             if reason is not None:
+                clock.pause()
                 self.checkpointer.save(st, reason.kind)
                 return reason.message
+        clock.pause()
         return None
 
     def _batches(self) -> Iterator[Batch]:
@@ -192,7 +210,6 @@ class Trainer:
         self.algo.step(StepContext(step=st.step, epoch=st.epoch, loss=loss, lr=lr,
                                    optimizer_step=self.local.optimizer_step))
         self.optimizer.zero_grad(set_to_none=False)
-        st.train_seconds += time.perf_counter() - t0
         st.samples_seen += len(x) * self.plan.num_train_ranks
         if self.report:
             self.report.train_batch(loss, correct, len(x))
@@ -212,7 +229,7 @@ class Trainer:
         self.checkpointer.at_end(st, improved)
         mine = {"rank": self.ctx.rank, "worker": self.is_worker, "comm": self.algo.comm.as_metrics(),
                 "algo": self.algo.summary(), "imbalance_s": self.imbalance.injected_s}
-        summary = gather_summary(mine, self.ctx.world_size, self.reporting, result, st, run_facts(self.plan, self),
+        summary = gather_summary(mine, self.ctx.world_size, self.reporting, result, st, self.facts,
                                  self.plan.config.checkpoint.best_metric, self.plan.algo.merge_summaries)
         if summary is not None and self.report:
             self.report.finish(summary)
@@ -230,13 +247,20 @@ def data_request(plan: RunPlan, ctx: DistContext) -> DataRequest:
 
 
 def run_facts(plan: RunPlan, trainer: Trainer) -> RunFacts:
-    cfg = plan.config
+    """What the run is; on the reporting rank also what MFU needs (the model's FLOPs, counted
+    once on the meta device, and the GPU's peak at the run's precision)."""
+    cfg, ctx = plan.config, trainer.ctx
+    flops = peak = None
+    if trainer.reporting and ctx.is_cuda:
+        flops = train_flops_per_sample(cfg.model, plan.spec)
+        peak = peak_flops(torch.cuda.get_device_name(ctx.device), str(trainer.local.precision))
     net = cfg.launch.network
     return RunFacts(algo=cfg.algo.name, model=cfg.model.get("name"), data=cfg.data.name,
                     pipeline=str(cfg.data.pipeline), seed=cfg.seed, world_size=plan.world_size,
                     train_ranks=plan.num_train_ranks, global_batch=plan.batch.global_batch,
                     peak_lr=plan.hyper.peak_lr, total_steps=trainer.total_steps,
-                    steps_per_epoch=trainer.steps_per_epoch,
+                    steps_per_epoch=trainer.steps_per_epoch, num_gpus=ctx.num_devices if ctx.is_cuda else 0,
+                    flops_per_sample=flops, peak_flops=peak,
                     network=net.record(plan.world_size // plan.ranks_per_node) if net.emulated else None)
 
 

@@ -1,0 +1,237 @@
+#!/usr/bin/env python
+"""Images per second of a model's bare compute against the runner's training path, and of the
+device-resident loader against torchvision's, on CIFAR-format data.
+
+    python bench/throughput.py                          # resnet20, batch 512, this machine's device
+    python bench/throughput.py --model resnet18 --steps 20 --workers 8
+
+In one run, each figure in a fresh process on the same device (a GPU when one is visible):
+
+- loaders alone: images/s of the torchvision pipeline's training stream (`--workers` loader
+  processes, PIL padded crop + flip per sample) and of the device pipeline's (the set on the
+  device, crops and flips batched there; torch's threads = `--workers`), over the epochs after
+  the first;
+- the compute ceiling: the project's model builder, synthetic tensors already on the device,
+  SGD with momentum, the run's precision and layout (bf16 autocast and channels_last on a GPU);
+- the runner: the real trainer (one rank, allreduce) on each pipeline, images/s over its log
+  windows after `--warmup` steps (training time as the summary counts it: the device
+  synchronised at window edges, evaluation and checkpoints excluded).
+
+Prints a table, then one JSON line with `device_vs_torchvision_loader` and
+`runner_vs_ceiling_<pipeline>`. The data set (random pixels, CIFAR-10's pickle layout) is
+generated once into --dir.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import multiprocessing as mp
+import pickle
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from core.distenv import init_distributed  # noqa: E402  (the repository is on the path from here on)
+from core.rundir import RunDir  # noqa: E402
+from core.spec import DataSpec  # noqa: E402
+from data import DATASETS, DataRequest, build_data  # noqa: E402
+from engine.config import load_run_config, register_schemas  # noqa: E402
+from engine.plan import build_plan  # noqa: E402
+from engine.report.metrics import read_metrics  # noqa: E402
+from engine.train.trainer import Trainer  # noqa: E402
+from models import build_model  # noqa: E402
+
+PIPELINES = ("torchvision", "device")
+
+
+def write_cifar(root: Path, n_train: int, n_test: int) -> None:
+    """CIFAR-10's python-pickle batches of random pixels (what the pipelines read is the layout)."""
+    import numpy as np
+
+    cifar = DATASETS.get("cifar10")
+    folder = root / cifar.folder
+    if (folder / "done").exists():
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    per_file = n_train // len(cifar.train_files)
+    for name, n in [(f, per_file) for f in cifar.train_files] + [(cifar.test_files[0], n_test)]:
+        batch = {b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                 b"labels": rng.integers(0, 10, n).tolist()}
+        (folder / name).write_bytes(pickle.dumps(batch))
+    (folder / "done").touch()
+
+
+def run_config(args: argparse.Namespace, pipeline: str, *more: str) -> Any:
+    from hydra import compose, initialize_config_dir
+
+    register_schemas()
+    overrides = ["data=cifar10", f"data.root={args.data}", f"data.pipeline={pipeline}",
+                 f"data.num_workers={args.workers}", f"model={args.model}", f"train.batch_size={args.batch}",
+                 f"data.eval_batch_size={args.batch}", *more]
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return load_run_config(compose(config_name="config", overrides=overrides))
+
+
+def _device() -> Any:
+    import torch
+
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _sync(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def loader(pipeline: str, args: argparse.Namespace) -> dict[str, float]:
+    import torch
+
+    torch.set_num_threads(1 if pipeline == "torchvision" else args.workers)
+    device = _device()
+    train, _ = build_data(run_config(args, pipeline).data,
+                          DataRequest(args.batch, args.batch, seed=0, shard=0, num_shards=1, eval_shard=0,
+                                      eval_num_shards=1, device=device))
+    t0 = time.perf_counter()
+    for _ in train.batches(0):
+        pass
+    _sync(device)
+    first = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    for epoch in range(1, 1 + args.epochs):
+        for x, _ in train.batches(epoch):
+            assert x.shape[-1] == 32 and x.dtype == torch.float32 and x.device == device
+    _sync(device)
+    return {"first_epoch_s": first,
+            "ips": train.steps_per_epoch * args.batch * args.epochs / (time.perf_counter() - t1)}
+
+
+def ceiling(args: argparse.Namespace) -> dict[str, float]:
+    """The bare loop: synthetic tensors on the device, the project's model, SGD; bf16 autocast
+    and channels_last on a GPU (what the runner's auto settings choose there)."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(args.workers)
+    device = _device()
+    gpu = device.type == "cuda"
+    fmt = torch.channels_last if gpu else torch.contiguous_format
+    model = build_model({"name": args.model}, DataSpec(3, 32, 10)).to(device, memory_format=fmt)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(args.batch, 3, 32, 32, device=device).contiguous(memory_format=fmt)
+    y = torch.randint(0, 10, (args.batch,), device=device)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if gpu else contextlib.nullcontext()
+
+    def step() -> None:
+        with autocast:
+            loss = F.cross_entropy(model(x).float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    for _ in range(args.warmup):
+        step()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    _sync(device)
+    return {"ips": args.steps * args.batch / (time.perf_counter() - t0)}
+
+
+def runner(pipeline: str, args: argparse.Namespace) -> dict[str, float]:
+    """The trainer on one rank; images/s over its log windows after the warm-up steps."""
+    import torch
+
+    torch.set_num_threads(args.workers)
+    steps = args.warmup + args.steps
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = run_config(args, pipeline, f"train.max_steps={steps}", "train.log_every_steps=1",
+                         "train.eval_every_epochs=null", "checkpoint.every_epochs=null", "train.progress=false",
+                         "launch.launcher=none", "launch.nproc=1", "resume=null", "algo=allreduce")
+        run_dir = RunDir(Path(tmp))
+        plan = build_plan(cfg, run_dir, 1, 1)
+        ctx = init_distributed(cfg.dist.backend, cfg.dist.timeout_s, cfg.dist.device)
+        with contextlib.redirect_stdout(io.StringIO()):  # the run's own summary table
+            Trainer(plan, ctx).run()
+        windows = [r for r in read_metrics(run_dir.metrics) if r["kind"] == "train" and r["step"] > args.warmup]
+    seconds = sum(args.batch / r["samples_per_s"] for r in windows)
+    wait = sum(r["data_wait_frac"] * args.batch / r["samples_per_s"] for r in windows)
+    return {"ips": len(windows) * args.batch / seconds, "data_wait_frac": wait / seconds}
+
+
+def _child(kind: str, pipeline: str, args: argparse.Namespace, out: Any) -> None:
+    if kind == "loader":
+        out.put(loader(pipeline, args))
+    elif kind == "ceiling":
+        out.put(ceiling(args))
+    else:
+        out.put(runner(pipeline, args))
+
+
+def in_fresh_process(kind: str, pipeline: str, args: argparse.Namespace) -> dict[str, float]:
+    ctx = mp.get_context("spawn")  # no loader workers or CUDA context shared between measurements
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(kind, pipeline, args, queue))
+    proc.start()
+    while True:  # a child that dies puts nothing: do not wait for it forever
+        try:
+            result = queue.get(timeout=5)
+            break
+        except Exception:
+            if not proc.is_alive():
+                raise SystemExit(f"the {kind} {pipeline} measurement failed (exit code {proc.exitcode})") from None
+    proc.join()
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="resnet20")
+    p.add_argument("--batch", type=int, default=512)
+    p.add_argument("--train-images", type=int, default=10240)
+    p.add_argument("--workers", type=int, default=2, help="torchvision loader processes; torch threads otherwise")
+    p.add_argument("--epochs", type=int, default=2, help="timed loader epochs after the first")
+    p.add_argument("--warmup", type=int, default=2, help="compute steps not timed")
+    p.add_argument("--steps", type=int, default=4, help="timed compute steps")
+    p.add_argument("--dir", default="/tmp/syncopt_bench", help="where the generated data set is cached")
+    args = p.parse_args()
+    args.data = str(Path(args.dir) / f"cifar_{args.train_images}")
+    write_cifar(Path(args.data), args.train_images, args.batch)
+    loaders = {name: in_fresh_process("loader", name, args) for name in PIPELINES}
+    roof = in_fresh_process("ceiling", "", args)
+    runs = {name: in_fresh_process("runner", name, args) for name in PIPELINES}
+    import torch
+
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    base = loaders["torchvision"]["ips"]
+    print(f"\n{args.model}, batch {args.batch}, CIFAR-format data ({args.train_images} images), device: {device}, "
+          f"{args.workers} workers/threads")
+    print(f"{'loader':<14} {'first epoch s':>14} {'images/s':>10} {'vs torchvision':>15}")
+    for name, r in loaders.items():
+        print(f"{name:<14} {r['first_epoch_s']:>14.2f} {r['ips']:>10.0f} {r['ips'] / base:>14.2f}x")
+    print(f"{'training':<14} {'images/s':>10} {'vs ceiling':>11} {'data wait':>10}")
+    print(f"{'ceiling':<14} {roof['ips']:>10.1f} {1:>10.2f}x {'':>10}")
+    for name, r in runs.items():
+        print(f"{'runner ' + name:<14} {r['ips']:>10.1f} {r['ips'] / roof['ips']:>10.2f}x {r['data_wait_frac']:>9.1%}")
+    summary: dict[str, Any] = {"device": device, "model": args.model, "batch": args.batch,
+                               "ceiling_ips": round(roof["ips"], 1)}
+    summary.update({f"{n}_loader_ips": round(r["ips"], 1) for n, r in loaders.items()})
+    summary["device_vs_torchvision_loader"] = round(loaders["device"]["ips"] / base, 3)
+    summary.update({f"runner_ips_{n}": round(r["ips"], 1) for n, r in runs.items()})
+    summary.update({f"runner_vs_ceiling_{n}": round(r["ips"] / roof["ips"], 3) for n, r in runs.items()})
+    summary.update({f"data_wait_frac_{n}": round(r["data_wait_frac"], 4) for n, r in runs.items()})
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""What only a GPU can check (marked `gpu`: skipped where CUDA is absent, run on a GPU machine):
+mixed precision, channels_last, an identical resume on the GPU, ranks sharing one GPU over gloo
+with the plugins that communicate most differently (local SGD, WAGMA's thread, DGS's parameter
+server), CUDA tensors through gloo point-to-point, the device pipeline on the GPU, DALI's mixed
+decoding."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.harness import run_ranks, train_in_rank
+
+pytestmark = pytest.mark.gpu
+ONE_GPU = {"CUDA_VISIBLE_DEVICES": "0"}  # the ranks share it, whatever the machine has
+QUICK = ["train.max_steps=12", "train.log_every_steps=4", "train.eval_every_steps=6", "model.width=8"]
+
+
+def _trained(rank: int, world: int, overrides: list[str], tmp: str) -> dict[str, Any]:
+    from engine.train.trainer import Trainer
+    from tests.harness import plan_in_rank
+
+    plan, ctx = plan_in_rank(overrides + ["resume=null"], tmp)
+    trainer = Trainer(plan, ctx)
+    summary = trainer.run()
+    return {"backend": ctx.backend, "device": ctx.device.type, "shared": ctx.shared_device,
+            "channels_last": trainer.compute.channels_last, "summary": summary}
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_step(precision: str, tmp_path: Path) -> None:
+    got = run_ranks(_trained, 1, QUICK + ["launch.nproc=1", "dist.device=cuda", f"train.precision={precision}"],
+                    str(tmp_path), device="auto", env=ONE_GPU, timeout=300)[0]
+    summary = got["summary"]
+    assert got["device"] == "cuda" and math.isfinite(summary["test_loss"])
+    assert summary["samples_per_s_per_gpu"] > 0 and summary["model_flops_per_sample"] > 0
+
+
+def test_channels_last_is_automatic_for_conv_models(tmp_path: Path) -> None:
+    got = run_ranks(_trained, 1, QUICK + ["launch.nproc=1", "dist.device=cuda", "data.pipeline=device"],
+                    str(tmp_path), device="auto", env=ONE_GPU, timeout=300)[0]
+    assert got["channels_last"] and math.isfinite(got["summary"]["test_loss"])
+
+
+def _resume_on_gpu(rank: int, world: int, tmp: str) -> list[str]:
+    from tests.test_resume_registry import STEPS, algo_overrides, resume_scenario
+
+    torch.backends.cudnn.deterministic = True  # (cuDNN may pick atomics-based kernels otherwise)
+    over = algo_overrides("local_sgd") + ["dist.device=cuda", "data.pipeline=device", "train.precision=bf16"]
+    return resume_scenario(rank, world, over, tmp)
+
+
+def test_resume_on_the_gpu_is_identical(tmp_path: Path) -> None:
+    for rank, d in enumerate(run_ranks(_resume_on_gpu, 2, str(tmp_path), device="auto", env=ONE_GPU, timeout=600)):
+        assert not d, f"rank {rank}: {d[:10]}"
+
+
+@pytest.mark.parametrize("algo", ["local_sgd", "wagma", "dgs"])
+def test_four_ranks_share_one_gpu(algo: str, tmp_path: Path) -> None:
+    over = QUICK + [f"algo={algo}", "launch.nproc=4", "dist.device=auto", "data.pipeline=device"]
+    results = run_ranks(_trained, 4, over, str(tmp_path), device="auto", env={**ONE_GPU, "LOCAL_SIZE": "4"},
+                        timeout=600)
+    assert all((r["backend"], r["device"], r["shared"]) == ("gloo", "cuda", True) for r in results)
+    summary = next(r["summary"] for r in results if r["summary"] is not None)
+    assert summary["steps"] == 12 and math.isfinite(summary["test_loss"])
+
+
+def _gloo_cuda_p2p(rank: int, world: int) -> list[float]:
+    import torch.distributed as dist
+
+    from dist_algos import p2p
+
+    device = torch.device("cuda", 0)
+    assert dist.get_backend() == "gloo"
+    mine, theirs = torch.full((1000,), float(rank + 1), device=device), torch.zeros(1000, device=device)
+    works = [p2p.isend(mine, 1 - rank), p2p.irecv(theirs, 1 - rank)]
+    for work in works:
+        work.wait()
+    p2p.send(mine * 10, 1 - rank) if rank == 0 else p2p.recv(theirs, 0)
+    return theirs.cpu()[:3].tolist()
+
+
+def test_cuda_tensors_point_to_point_over_gloo() -> None:
+    assert run_ranks(_gloo_cuda_p2p, 2, device="auto", env=ONE_GPU, timeout=120) == [[2.0] * 3, [10.0] * 3]
+
+
+def test_device_pipeline_on_the_gpu_equals_the_cpu(tmp_path: Path) -> None:
+    """Integer draws and gathers, IEEE element-wise normalisation: the same bits on both devices."""
+    from data import DataRequest, build_data
+    from tests.datagen import write_cifar
+    from tests.harness import compose
+
+    write_cifar(tmp_path / "cifar10", "cifar10", 96, 24)
+    cfg = compose(["data=cifar10", "data.pipeline=device", f"paths.data_root={tmp_path}"]).data
+    reads = []
+    for device in ("cpu", "cuda:0"):
+        train, _ = build_data(cfg, DataRequest(8, 8, seed=3, shard=0, num_shards=2, eval_shard=0,
+                                               eval_num_shards=1, device=device))
+        reads.append([(x.cpu(), y.cpu()) for x, y in train.batches(1)])
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(*reads))
+
+
+def _dali_mixed(rank: int, world: int, root: str) -> bool:
+    from data import DataRequest, build_data
+    from tests.harness import compose
+
+    cfg = compose(["data=cifar10", "data.pipeline=dali", f"paths.data_root={root}", "data.num_workers=1",
+                   "data.augment=false"]).data
+    reads = []
+    for device in ("cpu", "cuda:0"):
+        train, _ = build_data(cfg, DataRequest(8, 8, seed=3, shard=0, num_shards=1, eval_shard=0,
+                                               eval_num_shards=1, device=device))
+        reads.append([x.cpu() for x, _ in train.batches(0)])
+        assert device == "cpu" or all(x.is_cuda for x, _ in train.batches(1))
+    return all(torch.allclose(a, b, atol=1e-5) for a, b in zip(*reads))
+
+
+def test_dali_mixed_decoding(tmp_path: Path) -> None:
+    from data.prepare import prepare
+    from tests.datagen import write_cifar
+    from tests.harness import compose
+
+    write_cifar(tmp_path / "cifar10", "cifar10", 96, 24)
+    prepare([compose(["data=cifar10", "data.pipeline=dali", f"paths.data_root={tmp_path}"]).data], workers=1)
+    assert run_ranks(_dali_mixed, 1, str(tmp_path), device="auto", env=ONE_GPU, timeout=300) == [True]
