@@ -42,7 +42,10 @@ class TableConfig(Section):
     seeds: list[int] = field(default_factory=lambda: [0])
     overrides: list[str] = field(default_factory=list)  # added to every row
     paper_metrics: list[str] = field(default_factory=lambda: ["test_acc"])  # published columns shown
-    plots: list[str] = field(default_factory=lambda: ["accuracy"])  # accuracy | series:<key> | throughput
+    # summary.json keys shown as further columns after the standard ones; a row whose summary lacks
+    # one shows "-", so a table can reserve a column for a measurement still to come
+    extra_metrics: list[str] = field(default_factory=list)
+    plots: list[str] = field(default_factory=lambda: ["accuracy"])  # accuracy | pareto | series:<key> | throughput
     rows: list[RowConfig] = field(default_factory=list)
     dry_run: bool = False
     launcher: TableLauncher = TableLauncher.local

@@ -29,7 +29,7 @@ def gather(table: TableConfig, out: Path, status: dict[tuple[str, int], str]) ->
                                "status": "ok" if len(runs) == len(table.seeds) else
                                ("failed" if failed else "missing"),
                                "log": str(row_dir(out, row, (failed or table.seeds)[0]).row_log)}
-        for metric in METRICS:
+        for metric in [*METRICS, *table.extra_metrics]:
             values = [float(r[metric]) for r in runs if r.get(metric) is not None]
             rec[metric] = statistics.fmean(values) if values else None
             rec[f"{metric}_std"] = statistics.stdev(values) if len(values) > 1 else None
@@ -63,8 +63,8 @@ def _fmt(value: Any, metric: str, std: Any = None) -> str:
 
 
 def render_markdown(table: TableConfig, records: list[dict[str, Any]]) -> str:
-    head = ["row", *METRICS, *(f"{m} vs {table.baseline}" for m in RATIOS if table.baseline),
-            *(f"paper {m}" for m in table.paper_metrics), "paper source"]
+    head = ["row", *METRICS, *table.extra_metrics, *(f"{m} vs {table.baseline}" for m in RATIOS if table.baseline),
+            *(f"paper {m}" for m in table.paper_metrics), *(["paper source"] if table.paper_metrics else [])]
     lines = [f"# {table.title or table.name}", ""]
     if table.description:
         lines += [table.description.strip(), ""]
@@ -73,12 +73,13 @@ def render_markdown(table: TableConfig, records: list[dict[str, Any]]) -> str:
         if rec["status"] != "ok":
             cells = [rec["label"], f"**{rec['status']}** (log: {rec['log']})"] + [""] * (len(head) - 2)
         else:
-            cells = [rec["label"], *(_fmt(rec[m], m, rec.get(f"{m}_std")) for m in METRICS)]
+            cells = [rec["label"], *(_fmt(rec[m], m, rec.get(f"{m}_std")) for m in [*METRICS, *table.extra_metrics])]
             if table.baseline:
                 cells += [_fmt(rec[f"{m}_vs_base"], "ratio") + "x" if rec[f"{m}_vs_base"] else "-" for m in RATIOS]
             cells += [_fmt(rec.get(f"paper_{m}") if rec.get(f"paper_{m}") is not None else "not reported", m)
                       for m in table.paper_metrics]
-            cells.append(str(rec.get("paper_source", "-")))
+            if table.paper_metrics:
+                cells.append(str(rec.get("paper_source", "-")))
         lines.append("| " + " | ".join(cells) + " |")
     notes = [f"- {r.label}: {r.note}" for r in table.rows if r.note]
     if notes:
