@@ -137,3 +137,37 @@ def test_per_row_baselines_time_to_target_and_speedup_plot(tmp_path: Path) -> No
     assert "| fast_100 | 0.9500 | 80 | 4.0 s | slow_100 | 8x |" in markdown, markdown
     made = draw_table_plots(table, list(records.values()), tmp_path)
     assert [p.name for p in made] == ["speedup_updates_per_s.png", "accuracy_wall.png"]
+
+
+def test_comm_table_has_a_row_for_every_registered_algorithm() -> None:
+    """table=comm_cpu compares every method: a newly registered plugin must get its row."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import cli  # registers the table schema
+    from dist_algos import list_algorithms
+    from engine.config import load_run_config
+    from engine.tables.config import load_table
+    from tests.harness import CONF
+
+    assert cli.register_schemas
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        table = load_table(compose(config_name="config", overrides=["table=comm_cpu"]).table)
+        algos = set()
+        for row in table.rows:
+            args = ([f"recipe={row.recipe}"] if row.recipe else []) + [*table.overrides, *row.overrides]
+            rc = load_run_config(compose(config_name="config", overrides=args))
+            algos.add(rc.algo.name)
+            assert (rc.model["name"], rc.data.name, rc.train.epochs) == ("small_cnn", "digits", 30), row.label
+            assert rc.launch.nproc == (1 if rc.algo.name == "msgd" else 4), row.label
+            assert rc.train.batch_size * rc.launch.nproc == 128, row.label  # 4 x 32, or msgd's 1 x 128
+    assert algos == set(list_algorithms())
+
+
+def test_pareto_front_keeps_the_rows_no_other_beats_on_both() -> None:
+    from engine.tables.plots import pareto_front
+
+    points = [(10.0, 0.99), (1.0, 0.95), (5.0, 0.99), (0.0, 0.90), (5.0, 0.97), (20.0, 0.995), (30.0, 0.99)]
+    assert pareto_front(points) == [3, 1, 2, 5]  # by increasing cost; (10, 0.99) ties (5, 0.99) at more cost
+    assert pareto_front([]) == []

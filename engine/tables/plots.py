@@ -1,6 +1,8 @@
 """Figures of a paper table: every row in one figure, so methods compare at a glance.
 
 - accuracy: test accuracy against step and against communicated bytes (all ranks);
+- pareto: each row's final test accuracy against its communicated bytes, the rows no other row
+  beats on both (as accurate with fewer bytes) joined as the Pareto front;
 - series:<key>: a training-record series against step for every row that logs it (QSR's H, lr);
 - throughput: samples/s per row as bars (WAGMA under load imbalance);
 - wall: test accuracy against wall-clock seconds (what a shorter training time buys);
@@ -10,6 +12,7 @@
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +55,9 @@ def draw_table_plots(table: Any, records: list[dict[str, Any]], out: Path) -> li
             fig.suptitle(_title(table, width=120))
             fig.tight_layout()
             path = out / "accuracy.png"
+        elif plot == "pareto":
+            fig = _pareto_figure(plt, table, records)
+            path = out / "pareto.png"
         elif plot.startswith("series:"):
             key = plot.split(":", 1)[1]
             fig, ax = plt.subplots(figsize=(8, 4))
@@ -114,3 +120,52 @@ def _speedup(plt: Any, table: Any, records: list[dict[str, Any]], metric: str, o
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig, out / f"speedup_{metric}.png"
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the (cost, value) points no other point dominates (cost <= and value >=, one of
+    them strictly), by increasing cost: the best value each budget of cost can buy."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], -points[i][1]))
+    front: list[int] = []
+    for i in order:
+        if not front or points[i][1] > points[front[-1]][1]:
+            front.append(i)
+    return front
+
+
+def _pareto_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> Any:
+    """Final test accuracy against communicated MB (symlog: a one-process row sends nothing), the
+    Pareto front as a step line through its rows. Rows are numbered by bytes next to their points
+    and listed beside the axes (15 names near one another overprint; numbers stay readable)."""
+    ok = sorted((r for r in records if r.get("test_acc") is not None and r.get("comm_bytes") is not None),
+                key=lambda r: r["comm_bytes"])
+    points = [(r["comm_bytes"] / 1e6, r["test_acc"]) for r in ok]
+    front = pareto_front(points)
+    fig, ax = plt.subplots(figsize=(11, 5))
+    fig.subplots_adjust(left=0.07, right=0.68, top=0.88, bottom=0.11)
+    ax.scatter([x for x, _ in points], [y for _, y in points], s=18, color="tab:gray", zorder=2)
+    ax.plot([points[i][0] for i in front], [points[i][1] for i in front], "o-", drawstyle="steps-post",
+            color="tab:red", ms=6, zorder=3, label="Pareto front: no row is as accurate with fewer bytes")
+    for n, ((x, y), lift) in enumerate(zip(points, _label_lifts([x for x, _ in points])), 1):
+        ax.annotate(str(n), (x, y), textcoords="offset points", xytext=(3, 3 + lift), fontsize=7)
+    ax.margins(x=0.08, y=0.12)
+    ax.set(xlabel="communicated MB (all ranks, whole run)", ylabel="final test accuracy", xscale="symlog")
+    ax.legend(fontsize=8, loc="center left")
+    ax.set_title(_title(table, "accuracy against communication"), fontsize=10)
+    for n, (rec, (x, y)) in enumerate(zip(ok, points), 1):
+        on_front = n - 1 in front
+        fig.text(0.70, 0.86 - 0.05 * (n - 1) * 15 / max(len(ok), 15), f"{n:>2}  {rec['label']}: {x:.1f} MB, {y:.4f}",
+                 fontsize=8, family="monospace", color="tab:red" if on_front else "black")
+    return fig
+
+
+def _label_lifts(xs: Sequence[float], close: float = 1.3, step: float = 8.0) -> list[float]:
+    """How far (points) to lift each number of points sorted by x so neighbours do not overprint:
+    points within a factor `close` of a cluster's first one stack their numbers upwards."""
+    lifts, start, count = [], None, 0
+    for x in xs:
+        if start is None or x > start * close or (start <= 0 < x):
+            start, count = x, 0
+        lifts.append(count * step)
+        count += 1
+    return lifts

@@ -92,7 +92,7 @@ def render_markdown(table: TableConfig, records: list[dict[str, Any]]) -> str:
     has_base = per_row or table.baseline is not None
     head = ["row", *table.columns, *(["baseline"] if per_row else []),
             *(f"{m} vs {base}" for m in table.ratios if has_base),
-            *(f"paper {m}" for m in table.paper_metrics), "paper source"]
+            *(f"paper {m}" for m in table.paper_metrics), *(["paper source"] if table.paper_metrics else [])]
     lines = [f"# {table.title or table.name}", ""]
     if table.description:
         lines += [table.description.strip(), ""]
@@ -112,7 +112,8 @@ def render_markdown(table: TableConfig, records: list[dict[str, Any]]) -> str:
                           for m in table.ratios]
             cells += [_fmt(rec.get(f"paper_{m}") if rec.get(f"paper_{m}") is not None else "not reported", m)
                       for m in table.paper_metrics]
-            cells.append(str(rec.get("paper_source", "-")))
+            if table.paper_metrics:
+                cells.append(str(rec.get("paper_source", "-")))
         lines.append("| " + " | ".join(cells) + " |")
     notes = [f"- {r.label}: {r.note}" for r in table.rows if r.note]
     if notes:
