@@ -26,7 +26,9 @@ shard), which is what DALI's maintainers advise instead of saving random state
 (NVIDIA/DALI#1378): its random operators draw from counter-based generators, so a pipeline with
 that seed, fed the same files, yields the same batches. `batches(epoch, start)` builds the
 epoch's pipeline and drops its first `start` batches; what follows equals the uninterrupted
-run's. The price: a build per epoch, and a resume in mid-epoch re-reads that many batches.
+run's. The price: a build per epoch (made when the previous epoch hands out its last batch, so
+that its queue fills while that batch trains), and a resume in mid-epoch re-reads that many
+batches.
 """
 from __future__ import annotations
 
@@ -161,24 +163,37 @@ def _batch(out: list[dict[str, torch.Tensor]]) -> Batch:
 
 
 class DALITrainStream:
+    """A pipeline per epoch (graphs that draw from DALI's generators). The next epoch's pipeline
+    is built when the last batch of an epoch is handed out, so that it fills its prefetch queue
+    while that batch trains and the run evaluates, rather than after."""
+
     def __init__(self, builder: _Builder, files: list[str], labels: list[int], batch_size: int, seed: int,
                  shard: int, num_shards: int) -> None:
         self.builder, self.files, self.labels = builder, np.asarray(files), np.asarray(labels)
         self.batch_size, self.seed, self.shard, self.num_shards = batch_size, seed, shard, num_shards
         self.num_samples = len(files)
         self.steps_per_epoch = (self.num_samples // num_shards) // batch_size
+        self._ahead: Optional[tuple[int, DALIGenericIterator]] = None  # (epoch, its fresh iterator)
+
+    def _iterator(self, epoch: int) -> DALIGenericIterator:
+        # every shard's part of the epoch, back to back: DALI's shard k is then shard k's part
+        order = epoch_shards(self.num_samples, self.seed, epoch, self.num_shards)
+        order = order[:, :self.steps_per_epoch * self.batch_size].reshape(-1).numpy()
+        return self.builder.iterator(self.files[order].tolist(), self.labels[order].tolist(), self.shard,
+                                     self.num_shards, self.batch_size, True,
+                                     _pipeline_seed(self.seed, epoch, self.shard))
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         if start >= self.steps_per_epoch:
             return
-        # every shard's part of the epoch, back to back: DALI's shard k is then shard k's part
-        order = epoch_shards(self.num_samples, self.seed, epoch, self.num_shards)
-        order = order[:, :self.steps_per_epoch * self.batch_size].reshape(-1).numpy()
-        it = self.builder.iterator(self.files[order].tolist(), self.labels[order].tolist(), self.shard,
-                                   self.num_shards, self.batch_size, True,
-                                   _pipeline_seed(self.seed, epoch, self.shard))
+        if self._ahead is not None and self._ahead[0] == epoch:
+            it, self._ahead = self._ahead[1], None
+        else:  # (an ahead pipeline for another epoch stays for its own call: a BatchNorm pass reads in between)
+            it = self._iterator(epoch)
         for step, out in enumerate(it):
             if step >= start:  # the first `start` batches are replayed to restore DALI's state
+                if step == self.steps_per_epoch - 1:
+                    self._ahead = (epoch + 1, self._iterator(epoch + 1))
                 yield _batch(out)
 
 

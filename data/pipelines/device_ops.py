@@ -60,7 +60,7 @@ def draw(seeds: torch.Tensor, salt: int, n: int) -> torch.Tensor:
 class DeviceAugment:
     """What the device pipeline does to a batch of one data set (its `device_augment`)."""
 
-    size: int  # output side (the crop's, or the image's when nothing is cropped)
+    size: int  # the random crop's side (without one, images keep their own, as torchvision's do)
     pad: int = 0  # >0: a random `size` crop of the image zero-padded by this much on each side
     flip: bool = False  # a horizontal flip with probability 1/2
     mean: Optional[tuple[float, ...]] = None  # uint8 pixels to (x / 255 - mean) / std; None: as stored
@@ -77,8 +77,6 @@ class DeviceAugment:
         model); for uint8 images the layout change rides on the conversion to float."""
         if self.random:
             images = crop_and_flip(images, seeds, self.size, self.pad, self.flip)
-        elif images.shape[1] != self.size:
-            raise ValueError(f"images of side {images.shape[1]} need a crop to {self.size}")
         nchw = images.permute(0, 3, 1, 2)
         if self.mean is None:  # (clone: even a one-channel batch gets the usual strides)
             return nchw.clone(memory_format=torch.contiguous_format)

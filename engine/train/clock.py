@@ -14,6 +14,8 @@ the summary can say what share of training went to waiting for input.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Optional
 
 import torch
@@ -47,6 +49,15 @@ class TrainClock:
         """Training stops for an evaluation or a checkpoint: count it up to here."""
         self.read()
         self._since = None
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Leave what runs inside (an evaluation, a checkpoint) out of training time."""
+        self.pause()
+        try:
+            yield
+        finally:
+            self.resume()
 
     def waited(self, seconds: float) -> None:
         self.state.data_wait_seconds += seconds

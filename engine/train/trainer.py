@@ -182,13 +182,11 @@ class Trainer:
                                        {**self.algo.comm.as_metrics(), **self.algo.metrics()})
             improved = False
             if self.evaluator.due(st.step, st.epoch, epoch_end):
-                clock.pause()
-                improved = self._evaluate()[1]
-                clock.resume()
+                with clock.paused():
+                    improved = self._evaluate()[1]
             if self.checkpointer.will_save(st, epoch_end, improved):
-                clock.pause()
-                self.checkpointer.after_step(st, epoch_end, improved)
-                clock.resume()
+                with clock.paused():
+                    self.checkpointer.after_step(st, epoch_end, improved)
             reason = stop.reason(st.step)
             if reason is not None:
                 clock.pause()
@@ -247,8 +245,9 @@ def data_request(plan: RunPlan, ctx: DistContext) -> DataRequest:
 
 
 def run_facts(plan: RunPlan, trainer: Trainer) -> RunFacts:
-    """What the run is; on the reporting rank also what MFU needs (the model's FLOPs, counted
-    once on the meta device, and the GPU's peak at the run's precision)."""
+    """What the run is; on the reporting rank of a GPU run also what MFU needs (the model's
+    FLOPs, counted once on the meta device, and the GPU's peak at the run's precision; the CPU
+    has no peak to divide by, so nothing is counted there)."""
     cfg, ctx = plan.config, trainer.ctx
     flops = peak = None
     if trainer.reporting and ctx.is_cuda:
