@@ -5,14 +5,17 @@ device-resident loader against torchvision's, on CIFAR-format data.
     python bench/throughput.py                          # resnet20, batch 512, this machine's device
     python bench/throughput.py --model resnet18 --steps 20 --workers 8
 
-In one run, each figure in a fresh process on the same device (a GPU when one is visible):
+In one run, on the same device (a GPU when one is visible), in fresh processes; what is compared
+is measured in turns in one process, so that a change in a shared machine's load touches both:
 
 - loaders alone: images/s of the torchvision pipeline's training stream (`--workers` loader
   processes, PIL padded crop + flip per sample) and of the device pipeline's (the set on the
   device, crops and flips batched there; torch's threads = `--workers`), over the epochs after
-  the first;
+  the first, their epochs alternating;
 - the compute ceiling: the project's model builder, synthetic tensors already on the device,
-  SGD with momentum, the run's precision and layout (bf16 autocast and channels_last on a GPU);
+  SGD with momentum, the run's precision and layout (bf16 autocast and channels_last on a GPU),
+  measured before and after each runner (the runner is compared with their mean; the spread
+  between them says how much the machine's load moved);
 - the runner: the real trainer (one rank, allreduce) on each pipeline, images/s over its log
   windows after `--warmup` steps (training time as the summary counts it: the device
   synchronised at window edges, evaluation and checkpoints excluded).
@@ -93,26 +96,34 @@ def _sync(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
-def loader(pipeline: str, args: argparse.Namespace) -> dict[str, float]:
+def loaders(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Both loaders in one process, their timed epochs alternating (torchvision, device,
+    torchvision, ...), so that a change in the machine's load touches both alike."""
     import torch
 
-    torch.set_num_threads(1 if pipeline == "torchvision" else args.workers)
+    torch.set_num_threads(args.workers)  # the device pipeline's threads; torchvision's are its workers
     device = _device()
-    train, _ = build_data(run_config(args, pipeline).data,
-                          DataRequest(args.batch, args.batch, seed=0, shard=0, num_shards=1, eval_shard=0,
-                                      eval_num_shards=1, device=device))
-    t0 = time.perf_counter()
-    for _ in train.batches(0):
-        pass
-    _sync(device)
-    first = time.perf_counter() - t0
-    t1 = time.perf_counter()
+    request = DataRequest(args.batch, args.batch, seed=0, shard=0, num_shards=1, eval_shard=0, eval_num_shards=1,
+                          device=device)
+    streams = {name: build_data(run_config(args, name).data, request)[0] for name in PIPELINES}
+    out: dict[str, dict[str, float]] = {}
+    for name, train in streams.items():
+        t0 = time.perf_counter()
+        for _ in train.batches(0):
+            pass
+        _sync(device)
+        out[name] = {"first_epoch_s": time.perf_counter() - t0, "seconds": 0.0}
     for epoch in range(1, 1 + args.epochs):
-        for x, _ in train.batches(epoch):
-            assert x.shape[-1] == 32 and x.dtype == torch.float32 and x.device == device
-    _sync(device)
-    return {"first_epoch_s": first,
-            "ips": train.steps_per_epoch * args.batch * args.epochs / (time.perf_counter() - t1)}
+        for name, train in streams.items():
+            t0 = time.perf_counter()
+            for x, _ in train.batches(epoch):
+                assert x.shape[-1] == 32 and x.dtype == torch.float32 and x.device == device
+            _sync(device)
+            out[name]["seconds"] += time.perf_counter() - t0
+    for name, train in streams.items():
+        out[name]["ips"] = train.steps_per_epoch * args.batch * args.epochs / out[name].pop("seconds")
+        getattr(train, "close", lambda: None)()
+    return out
 
 
 def ceiling(args: argparse.Namespace) -> dict[str, float]:
@@ -169,13 +180,17 @@ def runner(pipeline: str, args: argparse.Namespace) -> dict[str, float]:
     return {"ips": len(windows) * args.batch / seconds, "data_wait_frac": wait / seconds}
 
 
+def training(pipeline: str, args: argparse.Namespace) -> dict[str, float]:
+    """The ceiling, the runner on `pipeline`, the ceiling again, in one process: the runner is
+    compared with the mean of the ceilings around it (the machine's load may change meanwhile)."""
+    before = ceiling(args)["ips"]
+    run = runner(pipeline, args)
+    after = ceiling(args)["ips"]
+    return {**run, "ceiling_ips": (before + after) / 2, "ceiling_spread": abs(before - after) / max(before, after)}
+
+
 def _child(kind: str, pipeline: str, args: argparse.Namespace, out: Any) -> None:
-    if kind == "loader":
-        out.put(loader(pipeline, args))
-    elif kind == "ceiling":
-        out.put(ceiling(args))
-    else:
-        out.put(runner(pipeline, args))
+    out.put(loaders(args) if kind == "loaders" else training(pipeline, args))
 
 
 def in_fresh_process(kind: str, pipeline: str, args: argparse.Namespace) -> dict[str, float]:
@@ -207,28 +222,27 @@ def main() -> None:
     args = p.parse_args()
     args.data = str(Path(args.dir) / f"cifar_{args.train_images}")
     write_cifar(Path(args.data), args.train_images, args.batch)
-    loaders = {name: in_fresh_process("loader", name, args) for name in PIPELINES}
-    roof = in_fresh_process("ceiling", "", args)
-    runs = {name: in_fresh_process("runner", name, args) for name in PIPELINES}
+    read = in_fresh_process("loaders", "", args)
+    runs = {name: in_fresh_process("training", name, args) for name in PIPELINES}
     import torch
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    base = loaders["torchvision"]["ips"]
+    base = read["torchvision"]["ips"]
     print(f"\n{args.model}, batch {args.batch}, CIFAR-format data ({args.train_images} images), device: {device}, "
           f"{args.workers} workers/threads")
     print(f"{'loader':<14} {'first epoch s':>14} {'images/s':>10} {'vs torchvision':>15}")
-    for name, r in loaders.items():
+    for name, r in read.items():
         print(f"{name:<14} {r['first_epoch_s']:>14.2f} {r['ips']:>10.0f} {r['ips'] / base:>14.2f}x")
-    print(f"{'training':<14} {'images/s':>10} {'vs ceiling':>11} {'data wait':>10}")
-    print(f"{'ceiling':<14} {roof['ips']:>10.1f} {1:>10.2f}x {'':>10}")
+    print(f"{'training':<20} {'images/s':>10} {'ceiling':>9} {'spread':>7} {'vs ceiling':>11} {'data wait':>10}")
     for name, r in runs.items():
-        print(f"{'runner ' + name:<14} {r['ips']:>10.1f} {r['ips'] / roof['ips']:>10.2f}x {r['data_wait_frac']:>9.1%}")
-    summary: dict[str, Any] = {"device": device, "model": args.model, "batch": args.batch,
-                               "ceiling_ips": round(roof["ips"], 1)}
-    summary.update({f"{n}_loader_ips": round(r["ips"], 1) for n, r in loaders.items()})
-    summary["device_vs_torchvision_loader"] = round(loaders["device"]["ips"] / base, 3)
+        print(f"{'runner ' + name:<20} {r['ips']:>10.1f} {r['ceiling_ips']:>9.1f} {r['ceiling_spread']:>6.0%} "
+              f"{r['ips'] / r['ceiling_ips']:>10.2f}x {r['data_wait_frac']:>9.1%}")
+    summary: dict[str, Any] = {"device": device, "model": args.model, "batch": args.batch}
+    summary.update({f"{n}_loader_ips": round(r["ips"], 1) for n, r in read.items()})
+    summary["device_vs_torchvision_loader"] = round(read["device"]["ips"] / base, 3)
     summary.update({f"runner_ips_{n}": round(r["ips"], 1) for n, r in runs.items()})
-    summary.update({f"runner_vs_ceiling_{n}": round(r["ips"] / roof["ips"], 3) for n, r in runs.items()})
+    summary.update({f"ceiling_ips_{n}": round(r["ceiling_ips"], 1) for n, r in runs.items()})
+    summary.update({f"runner_vs_ceiling_{n}": round(r["ips"] / r["ceiling_ips"], 3) for n, r in runs.items()})
     summary.update({f"data_wait_frac_{n}": round(r["data_wait_frac"], 4) for n, r in runs.items()})
     print(json.dumps(summary))
 
