@@ -36,7 +36,6 @@ from engine.launch.run_lock import RunLock
 from engine.plan import RunPlan, preflight
 from engine.tables.runner import run_table
 from engine.usage import usage_text
-from data import dataset_names
 
 register_schemas()
 
@@ -108,7 +107,7 @@ def one_line(err: BaseException) -> str:
 
 if __name__ == "__main__":
     if any(arg in ("--help", "-h") for arg in sys.argv[1:]):  # Hydra's own: --hydra-help
-        print(usage_text(Path(__file__).resolve().parent / "conf", dataset_names()), end="")
+        print(usage_text(Path(__file__).resolve().parent / "conf"), end="")
         sys.exit(0)
     # Let composition errors reach us (instead of Hydra's multi-line report) to print one line.
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")

@@ -33,10 +33,6 @@ __all__ = ["DATASETS", "DataConfig", "DataRequest", "DataSet", "PathsConfig", "P
            "register_dataset"]
 
 
-def dataset_names() -> list[str]:
-    return DATASETS.names()
-
-
 def register_configs() -> None:
     """One Hydra option per data set (`data=NAME`): the schema with the data set's own values."""
     store = ConfigStore.instance()

@@ -78,27 +78,31 @@ def main(raw_cfg: Any, run_dir: str) -> int:
         return _ended(rundir, rank, 0)
     except UserError as err:
         if os.environ.get(SUPERVISED_ENV):  # cli.py prints it once, from the file
-            try:
-                rundir.logs.mkdir(parents=True, exist_ok=True)
-                rundir.rank_error(rank).write_text(f"{USER_ERROR_PREFIX}{err}\n")
-            except OSError:
-                print(f"syncopt: error: {err}", file=sys.stderr, flush=True)
-        elif rank == 0:
+            speak = not _leave_error(rundir, rank, f"{USER_ERROR_PREFIX}{err}")
+        else:  # started by hand: rank 0 speaks for all
+            speak = rank == 0
+        if speak:
             print(f"syncopt: error: {err}", file=sys.stderr, flush=True)
         return _ended(rundir, rank, USER_ERROR_EXIT)
     except Exception as err:  # an unexpected failure: keep the evidence, name the rank
         line = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         logging.getLogger("syncopt").error("rank %d failed: %s\n%s", rank, line, traceback.format_exc())
-        try:
-            rundir.logs.mkdir(parents=True, exist_ok=True)
-            rundir.rank_error(rank).write_text(line + "\n")
-        except OSError:
-            pass
+        _leave_error(rundir, rank, line)
         print(f"syncopt: rank {rank} failed: {line}", file=sys.stderr, flush=True)
         return _ended(rundir, rank, 1)
     finally:
         if beat is not None:
             beat.stop()
+
+
+def _leave_error(rundir: RunDir, rank: int, line: str) -> bool:
+    """Write this rank's one-line error beside its log (what cli.py quotes); False if it could not."""
+    try:
+        rundir.logs.mkdir(parents=True, exist_ok=True)
+        rundir.rank_error(rank).write_text(line + "\n")
+    except OSError:
+        return False
+    return True
 
 
 def _ended(rundir: RunDir, rank: int, code: int) -> int:

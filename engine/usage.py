@@ -12,6 +12,7 @@ import re
 import textwrap
 from pathlib import Path
 
+from data import DATASETS
 from dist_algos import ALGORITHMS
 from models import MODELS
 
@@ -61,9 +62,9 @@ def table_names(tables: Path) -> list[str]:
     return sorted(p.stem for p in tables.glob("*.yaml") if not p.stem.startswith("_"))
 
 
-def usage_text(conf: Path, datasets: list[str]) -> str:
+def usage_text(conf: Path) -> str:
     text = USAGE.format(algos=", ".join(ALGORITHMS.names()), models=", ".join(MODELS.names()),
-                        datasets=", ".join(datasets))
+                        datasets=", ".join(DATASETS.names()))
     lines = ["Recipes (recipe=FOLDER/NAME; each folder's README.md explains them):"]
     for folder, names in recipe_names(conf / "recipe").items():
         lines += textwrap.wrap(", ".join(names), width=96, initial_indent=f"  {folder + ':':10}",

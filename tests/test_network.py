@@ -26,7 +26,7 @@ import pytest
 from core.errors import UserError
 from engine.launch import network
 from engine.launch.network import EmulatedCluster, NetworkConfig, NetworkKind, namespaces, requirements_problem
-from engine.launch.rank_watch import _alive
+from engine.launch.procs import alive as _alive
 from tests.emulated_hosts import namespaces_usable
 from tests.harness import compose
 

@@ -42,6 +42,7 @@ from typing import Any, Optional
 
 from core.errors import UserError
 from core.schema import Section, option
+from engine.launch.procs import start_time
 
 PREFIX = "syncopt-net"
 IFNAME = "syncopt0"  # every node's interface to the switch (GLOO_SOCKET_IFNAME)
@@ -112,16 +113,6 @@ def requirements_problem() -> Optional[str]:
 
 
 # ---- owners and stale namespaces --------------------------------------------------------------
-
-def start_time(pid: int) -> Optional[int]:
-    """The process's start time in clock ticks since boot (None: no such process), which tells a
-    live owner from a later process that reused its pid."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return int(fh.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
 
 def owner_alive(pid: int, start: int) -> bool:
     return start_time(pid) == start

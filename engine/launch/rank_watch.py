@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from core.rundir import USER_ERROR_PREFIX, RunDir
+from engine.launch.procs import alive, stopped
 from engine.launch.remote import catches, signal_remote
 from engine.train.heartbeat import read_step
 
@@ -98,7 +99,7 @@ class RankWatch:
             if self.local_ranks is not None or host == self.host:
                 self.pids[rank] = int(pid)
         for rank, pid in self.pids.items():
-            if rank not in self.gone and not _alive(pid):
+            if rank not in self.gone and not alive(pid):
                 self.gone.append(rank)
 
     def exit_codes(self) -> Optional[dict[int, int]]:
@@ -136,7 +137,7 @@ class RankWatch:
                 continue
             if now - seen[1] >= silent_s:
                 pid = self.pids.get(rank)
-                found.append(Stall(rank, read_step(path), now - seen[1], pid is not None and _stopped(pid)))
+                found.append(Stall(rank, read_step(path), now - seen[1], pid is not None and stopped(pid)))
         return found
 
     def ready(self) -> bool:
@@ -210,26 +211,3 @@ _PEER_LOSS = ("Connection closed by peer", "Connection reset by peer", "Broken p
 
 def _is_peer_loss(message: str) -> bool:
     return any(marker in message for marker in _PEER_LOSS)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is dead for our purpose
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split()[2] != "Z"
-    except OSError:
-        return False
-
-
-def _stopped(pid: int) -> bool:
-    """Whether a local process is in the stopped (T) or traced (t) state."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except (OSError, IndexError):
-        return False

@@ -12,11 +12,11 @@ from __future__ import annotations
 import fcntl
 import os
 import time
-from pathlib import Path
 from typing import IO, Optional
 
 from core.errors import UserError
 from core.rundir import RunDir
+from engine.launch.procs import runs_cli
 
 
 class RunLock:
@@ -81,17 +81,6 @@ def live_ranks(run_dir: RunDir) -> list[int]:
             pid = int(pid_text)
         except (OSError, ValueError):
             continue
-        if pid_host == host and pid != os.getpid() and _runs_cli(pid):
+        if pid_host == host and pid != os.getpid() and runs_cli(pid):
             found.append(pid)
     return found
-
-
-def _runs_cli(pid: int) -> bool:
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        with open(f"/proc/{pid}/stat") as fh:
-            if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
-                return False
-    except (OSError, IndexError):
-        return False
-    return any(arg.endswith(b"cli.py") for arg in cmdline)
