@@ -36,7 +36,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from dist_algos import p2p, register_algorithm
-from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, StepContext, TrainInfo
+from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, Scenario, StepContext, TrainInfo
 from dist_algos.consensus import average_model_, average_model_copy
 from dist_algos.flat import FlatBuffer
 from dist_algos.group_schedule import bipartite_partner
@@ -170,12 +170,15 @@ class Adpsgd(DistAlgorithm):
     deterministic_overrides = {"asynchronous": False}
     deterministic_reason = ("asynchronous pairwise averaging meets whatever model the partner has published "
                             "at that moment; the synchronous mode averages the same pairs deterministically")
+    test_scenarios = {"pairs": Scenario()}
+    reference = "tests.references:ADPSGD"
+    invalid_options = {"launch.nproc=3": "needs an even number of workers"}
 
     cfg: AdpsgdConfig
 
     @classmethod
     def validate(cls, cfg: AdpsgdConfig, world_size: int, local_size: int,
-                 hyper: HyperParams = HyperParams()) -> None:
+                 hyper: HyperParams) -> None:
         if world_size > 1 and world_size % 2:
             raise UserError(f"adpsgd pairs even (active) with odd (passive) ranks and needs an even number "
                             f"of workers; got {world_size}: change launch.nproc")

@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from core.schema import option
 from dist_algos import register_algorithm
-from dist_algos.base import AlgoConfig, DistAlgorithm, StepContext, TrainInfo
+from dist_algos.base import AlgoConfig, DistAlgorithm, Scenario, StepContext, TrainInfo
 from dist_algos.comm import allreduce_bytes
 from dist_algos.flat import average_, flat_grads
 from dist_algos.grad_buckets import MIB, OverlappedAverage
@@ -41,6 +41,9 @@ class AllreduceConfig(AlgoConfig):
 @register_algorithm("allreduce")
 class Allreduce(DistAlgorithm):
     Config = AllreduceConfig
+    test_scenarios = {"overlapped": Scenario()}
+    reference = "tests.references:ALLREDUCE"
+    invalid_options = {"algo.bucket_mb=0": "algo.bucket_mb"}
     overlapped: Optional[OverlappedAverage] = None  # the hooks, when overlapping
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: TrainInfo) -> None:

@@ -21,7 +21,12 @@ covers every family this project reproduces:
 A plugin owns its per-rank state (`state_dict`/`load_state_dict`; the trainer saves one file
 per rank, so workers may differ) and its communication accounting (`self.comm`). Plugins are
 registered with `@register_algorithm`; every registered plugin automatically goes through the
-registry-wide tests (reference equivalence where it declares one, exact resume always).
+registry-wide tests: each of its declared `test_scenarios` through exact resume
+(tests/test_resume_registry.py) and, against its declared `reference` (or its reasoned
+`reference_exemption`), through reference equivalence (tests/test_reference_registry.py); each
+of its `invalid_options` must fail before launch in one line (tests/test_invalid_options.py).
+The references live under tests/ and are named here by dotted path only, so the runtime never
+imports test code.
 """
 from __future__ import annotations
 
@@ -64,6 +69,19 @@ class HyperParams:
     nesterov: bool = False
     weight_decay: float = 0.0
     grad_clip: Optional[float] = None  # max L2 norm of this rank's gradient, before the update
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One mode of a plugin that the registry-wide tests run: its `algo.*` overrides (merged over
+    the plugin's `deterministic_overrides`) on `world_size` ranks, `local_size` of them per node
+    (None: all on one node; fewer gives a real multi-node layout, for methods grouped by node).
+    `optimizer` is the reference test's local optimizer: sgd (momentum 0.9), nesterov or adamw."""
+
+    overrides: dict[str, Any] = field(default_factory=dict)
+    world_size: Optional[int] = None  # None: the plugin's test_world_size
+    local_size: Optional[int] = None
+    optimizer: str = "sgd"
 
 
 @dataclass(frozen=True)
@@ -119,6 +137,17 @@ class DistAlgorithm(ABC):
     deterministic_reason: ClassVar[str] = ""
     #: Resuming across plugins of one family is allowed (e.g. constant H -> QSR); None: the name.
     family: ClassVar[Optional[str]] = None
+    #: The plugin's own modes (groups, schedules, fragments, roles) by name, each run by the
+    #: registry-wide exact-resume and reference tests. Empty: those tests fail, naming this.
+    test_scenarios: ClassVar[dict[str, Scenario]] = {}
+    #: "module:function" of the one-process simulation of this plugin's update (under tests/, see
+    #: tests/references.py for its signature); or leave None and give `reference_exemption`.
+    reference: ClassVar[Optional[str]] = None
+    #: Why there can be no one-process reference (and what tests the update instead).
+    reference_exemption: ClassVar[str] = ""
+    #: Settings that cannot work, as {"space-separated overrides": "fragment of the one-line error"};
+    #: each must fail before launch with exit code 2 (tests/test_invalid_options.py).
+    invalid_options: ClassVar[dict[str, str]] = {}
 
     def __init__(self, cfg: AlgoConfig, ctx: DistContext) -> None:
         self.cfg = cfg
@@ -127,10 +156,10 @@ class DistAlgorithm(ABC):
 
     # ---- validation and layout, before any rank is launched ---------------------------------
     @classmethod
-    def validate(cls, cfg: AlgoConfig, world_size: int, local_size: int,
-                 hyper: HyperParams = HyperParams()) -> None:
+    def validate(cls, cfg: AlgoConfig, world_size: int, local_size: int, hyper: HyperParams) -> None:
         """Raise `core.errors.UserError` for settings that cannot work at this world size (or with
-        these optimizer settings). Ranges declared on the config's fields are checked already."""
+        these optimizer settings: `hyper` is the run's real one, so a check of the optimizer
+        belongs here, before launch). Ranges declared on the config's fields are checked already."""
 
     @classmethod
     def layout(cls, cfg: AlgoConfig, world_size: int) -> RankLayout:

@@ -40,7 +40,7 @@ class DGC(ParamServerAlgorithm):
 
     @classmethod
     def validate(cls, cfg: DGCConfig, world_size: int, local_size: int,
-                 hyper: HyperParams = HyperParams()) -> None:
+                 hyper: HyperParams) -> None:
         super().validate(cfg, world_size, local_size, hyper)
         if cfg.warmup_epochs < 0:
             raise UserError(f"algo.warmup_epochs={cfg.warmup_epochs} must be at least 0")

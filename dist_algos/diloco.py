@@ -38,10 +38,10 @@ import torch.nn as nn
 from core.errors import UserError
 from core.schema import option
 from dist_algos import register_algorithm
-from dist_algos.base import AlgoConfig, HyperParams, StepContext, TrainInfo
+from dist_algos.base import AlgoConfig, Scenario, StepContext, TrainInfo
 from dist_algos.comm import allreduce_bytes
 from dist_algos.flat import FlatBuffer, average_
-from dist_algos.local_sgd import LocalModelConfig, LocalSGD, check_local_model_options
+from dist_algos.local_sgd import LocalModelConfig, LocalSGD
 from dist_algos.sync_schedule import SyncRule
 
 Span = tuple[int, int, int]  # (index of a flat buffer, start, stop)
@@ -62,12 +62,15 @@ class DiLoCo(LocalSGD):
     Config = DiLoCoConfig  # type: ignore[assignment]
     family = None  # its checkpoints hold the global model and outer momentum: not local SGD's
     cfg: DiLoCoConfig  # type: ignore[assignment]
+    # Streaming DiLoCo on 3 ranks: two fragments, one synchronised every 3 inner steps
+    test_scenarios = {"streaming": Scenario({"inner_steps": 6, "fragments": 2}, world_size=3)}
+    reference = "tests.references:DILOCO"
+    invalid_options = {"algo.fragments=3": "algo.fragments=3", "algo.inner_steps=0": "algo.inner_steps",
+                       "algo.bn=global": "algo.bn='global'"}
 
     @classmethod
-    def validate(cls, cfg: AlgoConfig, world_size: int, local_size: int,
-                 hyper: HyperParams = HyperParams()) -> None:
+    def validate_sync_rule(cls, cfg: AlgoConfig) -> None:
         assert isinstance(cfg, DiLoCoConfig)
-        check_local_model_options(cfg)
         if cfg.inner_steps % cfg.fragments:
             raise UserError(f"algo.fragments={cfg.fragments} must divide algo.inner_steps={cfg.inner_steps} "
                             "(one fragment is synchronised every inner_steps / fragments steps)")
@@ -78,7 +81,8 @@ class DiLoCo(LocalSGD):
         return SyncRule(schedule="constant", sync_period=stride, warmup_period=stride, alpha=0.0, power=2.0,
                         switch_step=0, warmup_steps=info.warmup_steps, total_steps=info.total_steps)
 
-    def averaged_fields(self) -> list[str]:
+    @classmethod
+    def averaged_fields(cls, cfg: AlgoConfig) -> list[str]:
         return []  # the inner optimizer is per worker
 
     # ---- set-up -----------------------------------------------------------------------------
@@ -96,9 +100,10 @@ class DiLoCo(LocalSGD):
     # ---- training ---------------------------------------------------------------------------
     def step(self, ctx: StepContext) -> None:
         self.pending = [True] * self.cfg.fragments
-        super().step(ctx)  # the inner step; `_average_models` when a synchronisation is due
+        super().step(ctx)  # the inner step; `sync_round` when a synchronisation is due
 
-    def _average_models(self) -> None:
+    def sync_round(self) -> None:
+        """The round hook: the outer step of the next fragment."""
         self._outer_step([self.next_fragment])
         self.next_fragment = (self.next_fragment + 1) % self.cfg.fragments
 

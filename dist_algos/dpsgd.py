@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from dist_algos import p2p, register_algorithm
-from dist_algos.base import AlgoConfig, DistAlgorithm, StepContext, TrainInfo
+from dist_algos.base import AlgoConfig, DistAlgorithm, Scenario, StepContext, TrainInfo
 from dist_algos.consensus import average_model_, average_model_copy
 from dist_algos.flat import FlatBuffer
 from dist_algos.group_schedule import ring_neighbours
@@ -38,6 +38,8 @@ class DpsgdConfig(AlgoConfig):
 class Dpsgd(DistAlgorithm):
     Config = DpsgdConfig
     test_world_size = 4
+    test_scenarios = {"ring": Scenario()}
+    reference = "tests.references:DPSGD"
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: TrainInfo) -> None:
         super().setup(model, optimizer, info)

@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 
 from dist_algos import register_algorithm
-from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, RankLayout, StepContext, TrainInfo
+from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, RankLayout, Scenario, StepContext, TrainInfo
 from dist_algos.comm import allreduce_bytes
 from dist_algos.consensus_eval import EvalCopy, consensus_eval_ranks, consensus_model, validate_eval_choice
 from dist_algos.flat import FlatBuffer, average_
@@ -61,12 +61,16 @@ def elastic_update_(params: list[torch.Tensor], center: list[torch.Tensor], mean
 class EASGD(DistAlgorithm):
     Config = EASGDConfig
     test_world_size = 4
+    test_scenarios = {"tau3": Scenario({"sync_period": 3, "moving_rate": 0.43}, optimizer="nesterov")}
+    reference = "tests.references:EASGD"
+    invalid_options = {"algo.sync_period=0": "algo.sync_period=0", "algo.moving_rate=1.5": "algo.moving_rate=1.5",
+                       "algo.eval_model=best": "algo.eval_model"}
 
     cfg: EASGDConfig
 
     @classmethod
     def validate(cls, cfg: EASGDConfig, world_size: int, local_size: int,
-                 hyper: HyperParams = HyperParams()) -> None:
+                 hyper: HyperParams) -> None:
         if cfg.sync_period < 1:
             raise UserError(f"algo.sync_period={cfg.sync_period} must be at least 1")
         if not 0.0 < cfg.moving_rate <= 1.0:

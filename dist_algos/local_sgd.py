@@ -4,8 +4,23 @@ Every worker steps its own optimizer on its own data; after H local steps the wo
 their models (parameters, plus the BatchNorm statistics and optimizer fields the config names).
 H comes from `dist_algos.sync_schedule`: constant, QSR's quadratic rule, the linear rule, or
 post-local SGD. The parallel baseline is `algo=allreduce` with the same optimizer. DiLoCo
-(`dist_algos.diloco`) is this class with an outer optimizer on the averaged change: it overrides
-`sync_rule`, `averaged_fields` and what a synchronisation does (`_average_models`).
+(`dist_algos.diloco`) is this class with an outer optimizer on the averaged change.
+
+The extension interface (for a method whose workers train their own models between rounds; a
+subclass with its own config overrides only what it changes, never `validate` or `summary` just
+to dodge a field it lacks):
+
+- `sync_rule(info)` and `validate_sync_rule(cfg)`: when rounds end (a `SyncRule`), and the
+  one-line checks of the options that decide it;
+- `averaged_fields(cfg)`: the optimizer fields averaged with the parameters (checked against the
+  run's optimizer before launch);
+- `averaged_state()`: everything a round averages, one persistent `FlatBuffer` (parameters, BN
+  statistics for bn=average, the averaged optimizer fields as views);
+- `sync_round()`: the round hook, what one synchronisation does (here: average
+  `averaged_state()`; DiLoCo: its outer step); it sets `synced`;
+- `synced` (whether every worker holds the same averaged state: evaluation then needs no
+  communication, `finalize` no last round) and `local_steps` (steps since the last round): the
+  state the hook and the trainer-facing methods share, saved in the checkpoint.
 
 Everything that is averaged lives in one persistent `FlatBuffer` (parameters, statistics and
 optimizer fields are views into it), so a synchronisation is a few pipelined bucket all_reduces
@@ -33,7 +48,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from dist_algos import register_algorithm
-from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, StepContext, TrainInfo
+from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, Scenario, StepContext, TrainInfo
 from dist_algos.bn_stats import bn_statistics, float_buffers, recompute_bn_statistics
 from dist_algos.comm import allreduce_bytes
 from dist_algos.flat import BUCKET_BYTES, FlatBuffer, Slot, average_, flat_grads
@@ -84,15 +99,31 @@ def check_local_model_options(cfg: LocalModelConfig) -> None:
 class LocalSGD(DistAlgorithm):
     Config = LocalSGDConfig
     family = "local_sgd"
+    # QSR's rule on 3 ranks (not a power of two: the mean's divide is inexact), H from 3 in warmup
+    test_scenarios = {"qsr": Scenario({"sync_schedule": "qsr", "period": 2, "warmup_period": 3, "alpha": 0.08,
+                                       "power": 2.0, "switch_step": 6}, world_size=3)}
+    reference = "tests.references:LOCAL_SGD"
+    invalid_options = {"algo.period=0": "algo.period=0", "algo.sync_schedule=cubic": "algo.sync_schedule='cubic'",
+                       "algo.average_optimizer_fields=[exp_avg]": "exp_avg needs optim=adamw",
+                       "optim=adamw algo.average_optimizer_fields=[momentum_buffer]": "momentum_buffer needs optim=sgd",
+                       "algo.bn=global": "algo.bn='global'"}
     cfg: LocalSGDConfig
 
     @classmethod
     def validate(cls, cfg: AlgoConfig, world_size: int, local_size: int,
-                 hyper: HyperParams = HyperParams()) -> None:
+                 hyper: HyperParams) -> None:
+        assert isinstance(cfg, LocalModelConfig)
+        cls.validate_sync_rule(cfg)
+        check_local_model_options(cfg)
+        check_fields_for_optimizer(cls.averaged_fields(cfg), hyper)
+
+    @classmethod
+    def validate_sync_rule(cls, cfg: AlgoConfig) -> None:
+        """One-line errors for the options `sync_rule` reads (a subclass with other options for
+        its rounds overrides both)."""
         assert isinstance(cfg, LocalSGDConfig)
         if cfg.sync_schedule not in SCHEDULES:
             raise UserError(f"algo.sync_schedule={cfg.sync_schedule!r} is not one of {', '.join(SCHEDULES)}")
-        check_local_model_options(cfg)
         if cfg.period < 1:
             raise UserError(f"algo.period={cfg.period} must be at least 1")
         if cfg.warmup_period is not None and cfg.warmup_period < 1:
@@ -116,7 +147,7 @@ class LocalSGD(DistAlgorithm):
         self.world = self.ctx.world_size
         self.bucket_bytes = int(cfg.bucket_mb * 2**20) if cfg.bucket_mb else BUCKET_BYTES
         self.rule = self.sync_rule(info)
-        check_optimizer_fields(optimizer, self.averaged_fields())
+        check_optimizer_fields(optimizer, self.averaged_fields(cfg))
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.stat_buffers = float_buffers(model) if cfg.bn == "average" else []
         self.field_views: list[torch.Tensor] = []
@@ -141,9 +172,24 @@ class LocalSGD(DistAlgorithm):
                         warmup_period=cfg.warmup_period or cfg.period, alpha=cfg.alpha, power=cfg.power,
                         switch_step=cfg.switch_step, warmup_steps=info.warmup_steps, total_steps=info.total_steps)
 
-    def averaged_fields(self) -> list[str]:
+    @classmethod
+    def averaged_fields(cls, cfg: AlgoConfig) -> list[str]:
         """Optimizer fields averaged with the parameters (none where the optimizer is per worker)."""
-        return list(self.cfg.average_optimizer_fields)
+        return list(getattr(cfg, "average_optimizer_fields", []))
+
+    def averaged_state(self) -> FlatBuffer:
+        """Everything a round averages, as one persistent flat buffer; rebuilt first when the
+        optimizer has created (at its first update) or replaced the fields it averages."""
+        if self.averaged_fields(self.cfg) and not self._fields_attached():
+            self.flat = self._build_flat()
+        return self.flat
+
+    def sync_round(self) -> None:
+        """The round hook: one synchronisation of the workers, at the end of a round of the sync
+        rule and at `finalize` if steps are left over. Here the average of `averaged_state()`;
+        DiLoCo's outer step overrides it. Sets `synced`."""
+        self._average(self.averaged_state())
+        self.synced = True
 
     def _field_slots(self) -> list[Slot]:
         state = self.optimizer.state
@@ -151,7 +197,7 @@ class LocalSGD(DistAlgorithm):
         def slot(p: torch.Tensor, name: str) -> Slot:
             return Slot(lambda: state[p].get(name), lambda v: state[p].__setitem__(name, v))
 
-        return [slot(p, name) for p in self.params for name in self.averaged_fields()]
+        return [slot(p, name) for p in self.params for name in self.averaged_fields(self.cfg)]
 
     def _build_flat(self) -> FlatBuffer:
         """Parameters (+ BN statistics for bn=average) + the optimizer fields that exist: optimizers
@@ -183,7 +229,7 @@ class LocalSGD(DistAlgorithm):
         self.local_steps += 1
         self.synced = False
         if self.local_steps >= self.period:
-            self._average_models()
+            self.sync_round()
             self._after_sync(steps_done, self.local_steps)
 
     def _average(self, flat: FlatBuffer) -> None:
@@ -192,12 +238,6 @@ class LocalSGD(DistAlgorithm):
                 average_(flat, None, self.world, bucket_bytes=self.bucket_bytes)
         nbytes = allreduce_bytes(flat.nbytes, self.world)
         self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
-
-    def _average_models(self) -> None:
-        if self.averaged_fields() and not self._fields_attached():
-            self.flat = self._build_flat()
-        self._average(self.flat)
-        self.synced = True
 
     def _after_sync(self, steps_done: int, period: int) -> None:
         """Log the round that just ended and pick the next H (only ever here, as QSR does)."""
@@ -262,7 +302,7 @@ class LocalSGD(DistAlgorithm):
             return
         if not self.synced:  # a run cut short of its schedule's last round (or per-rank BN stats)
             local_steps = self.local_steps
-            self._average_models()
+            self.sync_round()
             if local_steps:
                 self._after_sync(self.info.total_steps, local_steps)
         self._settle_bn(model)
@@ -292,12 +332,21 @@ class LocalSGD(DistAlgorithm):
     def summary(self) -> dict[str, Any]:
         rounds = sum(r[2] for r in self.rounds)
         steps = sum(r[1] * r[2] for r in self.rounds)
-        return {"sync_schedule": self.cfg.sync_schedule, "rounds": rounds,
+        return {"sync_schedule": self.rule.schedule, "rounds": rounds,
                 "mean_H": round(steps / rounds, 3) if rounds else None,
                 "max_H": max((r[1] for r in self.rounds), default=None),
                 "bytes_per_sync": allreduce_bytes(self.flat.nbytes, self.world),
                 "H_rounds": [list(r) for r in self.rounds],  # [first step, H, rounds in a row]
                 "eval_syncs": self.eval_syncs, "eval_bytes": self.eval_bytes, "bn": self.cfg.bn}
+
+
+def check_fields_for_optimizer(fields: list[str], hyper: HyperParams) -> None:
+    """Before launch: the fields to average must be ones the run's optimizer will keep."""
+    for name in fields:
+        if name == "momentum_buffer" and not (hyper.optimizer == "sgd" and hyper.momentum > 0):
+            raise UserError("algo.average_optimizer_fields: momentum_buffer needs optim=sgd with momentum > 0")
+        if name in ("exp_avg", "exp_avg_sq") and hyper.optimizer != "adamw":
+            raise UserError(f"algo.average_optimizer_fields: {name} needs optim=adamw")
 
 
 def check_optimizer_fields(optimizer: torch.optim.Optimizer, fields: list[str]) -> None:

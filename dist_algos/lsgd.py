@@ -40,7 +40,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from dist_algos import register_algorithm
-from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, RankLayout, StepContext, TrainInfo
+from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, RankLayout, Scenario, StepContext, TrainInfo
 from dist_algos.comm import allgather_bytes
 from dist_algos.consensus_eval import (EvalCopy, broadcast_model_, consensus_eval_ranks, consensus_model,
                                       validate_eval_choice)
@@ -85,12 +85,22 @@ def local_leader_active(world_size: int, group_size: int) -> bool:
 class LSGD(DistAlgorithm):
     Config = LSGDConfig
     test_world_size = 4
+    # two nodes of two ranks: local leaders per node and a global one (the paper's layout)
+    test_scenarios = {
+        "two_groups": Scenario({"loss_window": 3, "local_period": 2, "global_period": 6, "local_pull": 0.2,
+                                "global_pull": 0.3, "local_refresh_pull": 0.25, "global_refresh_pull": 0.4},
+                               local_size=2, optimizer="nesterov"),
+        "one_group": Scenario({"group_size": 4, "loss_window": 4, "global_period": 5, "global_refresh_pull": 0.5}),
+    }
+    reference = "tests.references:LSGD"
+    invalid_options = {"algo.group_size=3": "algo.group_size=3", "algo.local_pull=2": "algo.local_pull=2",
+                       "algo.group_size=2 algo.local_period=4 algo.global_period=6": "algo.global_period=6"}
 
     cfg: LSGDConfig
 
     @classmethod
     def validate(cls, cfg: LSGDConfig, world_size: int, local_size: int,
-                 hyper: HyperParams = HyperParams()) -> None:
+                 hyper: HyperParams) -> None:
         for key in ("loss_window", "local_period", "global_period"):
             if getattr(cfg, key) < 1:
                 raise UserError(f"algo.{key}={getattr(cfg, key)} must be at least 1")

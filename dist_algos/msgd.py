@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dist_algos import register_algorithm
-from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, StepContext
+from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, Scenario, StepContext
 from core.errors import UserError
 
 
@@ -22,10 +22,13 @@ class MSGDConfig(AlgoConfig):
 class MSGD(DistAlgorithm):
     Config = MSGDConfig
     test_world_size = 1
+    test_scenarios = {"single_node": Scenario()}
+    reference = "tests.references:MSGD"
+    invalid_options = {"launch.nproc=2": "set launch.nproc=1"}
 
     @classmethod
     def validate(cls, cfg: MSGDConfig, world_size: int, local_size: int,
-                 hyper: HyperParams = HyperParams()) -> None:
+                 hyper: HyperParams) -> None:
         if world_size != 1:
             raise UserError(f"algo=msgd is the single-node momentum SGD baseline: set launch.nproc=1 "
                             f"(not {world_size})")

@@ -29,7 +29,7 @@ import torch.nn as nn
 from core.errors import UserError
 from core.schema import option
 from dist_algos import register_algorithm
-from dist_algos.base import AlgoConfig, DistAlgorithm, StepContext, TrainInfo
+from dist_algos.base import AlgoConfig, DistAlgorithm, Scenario, StepContext, TrainInfo
 from dist_algos.comm import allreduce_bytes
 from dist_algos.flat import FlatBuffer, average_, flat_grads
 from dist_algos.low_rank import compressed_shape, orthogonalize_
@@ -85,6 +85,10 @@ def _nbytes(t: torch.Tensor) -> int:
 @register_algorithm("powersgd")
 class PowerSGD(DistAlgorithm):
     Config = PowerSGDConfig
+    test_scenarios = {"compressing": Scenario()}
+    reference_exemption = ("its reference is PyTorch's own PowerSGD DDP hook, which needs torch DDP on gloo ranks, "
+                           "not one process: tests/test_powersgd.py compares the two step for step")
+    invalid_options = {"algo.rank=0": "algo.rank=0", "algo.min_compression_rate=0.5": "algo.min_compression_rate"}
     cfg: PowerSGDConfig
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: TrainInfo) -> None:

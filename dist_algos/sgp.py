@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 
 from dist_algos import p2p, register_algorithm
-from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, StepContext, TrainInfo
+from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, Scenario, StepContext, TrainInfo
 from dist_algos.consensus import average_model_, average_model_copy
 from dist_algos.flat import FlatBuffer
 from dist_algos.group_schedule import exponential_hops, exponential_peers
@@ -44,12 +44,15 @@ class SgpConfig(AlgoConfig):
 class Sgp(DistAlgorithm):
     Config = SgpConfig
     test_world_size = 4
+    test_scenarios = {"one_peer": Scenario({"num_peers": 1}), "two_peers": Scenario({"num_peers": 2}, optimizer="nesterov")}
+    reference = "tests.references:SGP"
+    invalid_options = {"algo.num_peers=0": "algo.num_peers=0", "algo.num_peers=3": "algo.num_peers=3"}
 
     cfg: SgpConfig
 
     @classmethod
     def validate(cls, cfg: SgpConfig, world_size: int, local_size: int,
-                 hyper: HyperParams = HyperParams()) -> None:
+                 hyper: HyperParams) -> None:
         hops = exponential_hops(world_size)
         if cfg.num_peers < 1:
             raise UserError(f"algo.num_peers={cfg.num_peers} must be at least 1")

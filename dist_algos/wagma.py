@@ -42,7 +42,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from dist_algos import register_algorithm
-from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, StepContext, TrainInfo
+from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, Scenario, StepContext, TrainInfo
 from dist_algos.comm import allreduce_bytes
 from dist_algos.consensus import average_model_, average_model_copy
 from dist_algos.flat import FlatBuffer, average_
@@ -71,12 +71,17 @@ class Wagma(DistAlgorithm):
     deterministic_overrides = {"wait_avoiding": False}
     deterministic_reason = ("in wait-avoiding mode which (possibly stale) models meet in a group average "
                             "depends on timing; the synchronous mode runs the same schedule deterministically")
+    # groups of two on two nodes of two ranks, a global average every third step
+    test_scenarios = {"groups": Scenario({"group_size": 2, "global_period": 3}, local_size=2)}
+    reference = "tests.references:WAGMA"
+    invalid_options = {"algo.group_size=3": "algo.group_size=3", "algo.group_size=8": "algo.group_size=8",
+                       "algo.global_period=0": "algo.global_period=0", "launch.nproc=3": "power-of-two number"}
 
     cfg: WagmaConfig
 
     @classmethod
     def validate(cls, cfg: WagmaConfig, world_size: int, local_size: int,
-                 hyper: HyperParams = HyperParams()) -> None:
+                 hyper: HyperParams) -> None:
         if log2_exact(cfg.group_size) is None:
             raise UserError(f"algo.group_size={cfg.group_size} must be a power of two (1, 2, 4, 8, ...)")
         if log2_exact(world_size) is None:

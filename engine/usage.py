@@ -66,9 +66,12 @@ def usage_text(conf: Path) -> str:
     text = USAGE.format(algos=", ".join(ALGORITHMS.names()), models=", ".join(MODELS.names()),
                         datasets=", ".join(DATASETS.names()))
     lines = ["Recipes (recipe=FOLDER/NAME; each folder's README.md explains them):"]
-    for folder, names in recipe_names(conf / "recipe").items():
-        lines += textwrap.wrap(", ".join(names), width=96, initial_indent=f"  {folder + ':':10}",
-                               subsequent_indent=" " * 12)
+    recipes = recipe_names(conf / "recipe")
+    # the names start in one column, past the longest folder name (at least the usual 10)
+    column = max([10, *(len(folder) + 2 for folder in recipes)])
+    for folder, names in recipes.items():
+        lines += textwrap.wrap(", ".join(names), width=96, initial_indent=f"  {folder + ':':{column}}",
+                               subsequent_indent=" " * (column + 2), break_on_hyphens=False)
     lines.append("Tables (table=NAME):")
     lines += textwrap.wrap(", ".join(table_names(conf / "table")), width=96, initial_indent="  ",
                            subsequent_indent="  ")

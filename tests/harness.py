@@ -2,7 +2,8 @@
 
 `run_ranks(fn, world_size, *args)` starts `world_size` spawned processes that initialise
 torch.distributed (gloo, a fresh TCP store) with the same environment a launcher gives, on the
-CPU unless the test asks for `device="auto"` (so the suite runs alike on a GPU machine), call
+CPU unless the test asks for `device="auto"` (so the suite runs alike on a GPU machine; an
+`env` with LOCAL_SIZE below the world size lays the ranks out over several nodes), call
 `fn(rank, world_size, *args)`, and return each rank's result (anything torch.save can write).
 A rank that raises fails the test with its traceback; a hang fails it after `timeout` seconds.
 
@@ -33,10 +34,10 @@ def free_port() -> int:
 
 def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, args: tuple,
            env: dict[str, str], device: str) -> None:
+    local_size = int(env.pop("LOCAL_SIZE", world_size))  # fewer than world_size: several "nodes"
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-                       "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
-                       "LOCAL_SIZE": str(env.pop("LOCAL_SIZE", world_size)), "OMP_NUM_THREADS": "1",
-                       **env})
+                       "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank % local_size),
+                       "LOCAL_SIZE": str(local_size), "OMP_NUM_THREADS": "1", **env})
     torch.set_num_threads(1)
     out = Path(out_dir) / f"rank_{rank}.pt"
     try:

@@ -73,11 +73,21 @@ def grad_step(model: nn.Module, opt: torch.optim.Optimizer, xb: torch.Tensor, yb
     return loss.detach()
 
 
+def hyper_of(opt: torch.optim.Optimizer) -> Any:
+    """The run's `HyperParams` as the plan derives them, read back from this optimizer."""
+    from dist_algos.base import HyperParams
+
+    group = opt.param_groups[0]
+    return HyperParams(optimizer="sgd" if isinstance(opt, torch.optim.SGD) else "adamw", peak_lr=group["lr"],
+                       momentum=group.get("momentum", 0.0), nesterov=group.get("nesterov", False),
+                       weight_decay=group["weight_decay"])
+
+
 def build_plugin(algo: str, overrides: dict[str, Any], model: nn.Module, opt: torch.optim.Optimizer, steps: int,
-                 lr_at: Optional[Callable[[int], float]] = None) -> Any:
+                 lr_at: Optional[Callable[[int], float]] = None, warmup_steps: int = 0) -> Any:
     """The plugin `algo` set up on this rank's model and optimizer, as the trainer sets it up."""
     from dist_algos import get_algorithm
-    from dist_algos.base import HyperParams, TrainInfo
+    from dist_algos.base import TrainInfo
     from core.schema import typed_section
     from core.distenv import init_distributed
 
@@ -86,12 +96,9 @@ def build_plugin(algo: str, overrides: dict[str, Any], model: nn.Module, opt: to
     cfg = typed_section(cls.Config, {"name": algo, **overrides}, "algo")
     plugin = cls(cfg, ctx)
     sched_lr = lr_at or (lambda s: opt.param_groups[0]["lr"])
-    group = opt.param_groups[0]
-    hyper = HyperParams(optimizer="sgd" if isinstance(opt, torch.optim.SGD) else "adamw", peak_lr=group["lr"],
-                        momentum=group.get("momentum", 0.0), nesterov=group.get("nesterov", False),
-                        weight_decay=group["weight_decay"])
+    hyper = hyper_of(opt)
     cls.validate(cfg, ctx.world_size, ctx.local_size, hyper)
-    info = TrainInfo(total_steps=steps, steps_per_epoch=steps, lr_at=sched_lr, warmup_steps=0,
+    info = TrainInfo(total_steps=steps, steps_per_epoch=steps, lr_at=sched_lr, warmup_steps=warmup_steps,
                      train_batches=lambda n: iter(()), forward=lambda m, x: m(x), hyper=hyper)
     plugin.setup(model, opt, info)
     return plugin
@@ -100,13 +107,14 @@ def build_plugin(algo: str, overrides: dict[str, Any], model: nn.Module, opt: to
 def plugin_trajectory(rank: int, world: int, algo: str, overrides: dict[str, Any], steps: int,
                       kind: str = "sgd", lr: float = 0.05, batch_norm: bool = False,
                       lr_at: Optional[Callable[[int], float]] = None,
-                      loss_hook: Optional[Callable[[int, int], float]] = None) -> list[torch.Tensor]:
+                      loss_hook: Optional[Callable[[int, int], float]] = None,
+                      warmup_steps: int = 0) -> list[torch.Tensor]:
     """This rank's flat parameters after each of `steps` plugin steps."""
     from dist_algos.base import StepContext
 
     model = make_model(batch_norm=batch_norm)
     opt = make_optimizer(model, kind, lr)
-    plugin = build_plugin(algo, overrides, model, opt, steps, lr_at)
+    plugin = build_plugin(algo, overrides, model, opt, steps, lr_at, warmup_steps)
     train_ranks = plugin.train_ranks()
     out = []
     for step in range(steps):

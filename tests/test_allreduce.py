@@ -16,11 +16,11 @@ from tests.plugin_harness import BATCH, build_plugin, flat_params, make_model, m
 STEPS = 12
 
 
-def reference(k: int, kind: str) -> list[torch.Tensor]:
+def reference(k: int, kind: str, steps: int = STEPS) -> list[torch.Tensor]:
     """One model, one optimizer, each step on the concatenation of the K workers' batches."""
     (model,), (opt,) = make_workers(1, kind)
     out = []
-    for step in range(STEPS):
+    for step in range(steps):
         batches = [worker_batch(w, step, k) for w in range(k)]
         x = torch.cat([b[0] for b in batches])
         y = torch.cat([b[1] for b in batches])

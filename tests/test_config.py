@@ -7,12 +7,16 @@ import pytest
 
 from core.errors import UserError
 from data import DATASETS
+from dist_algos import ALGORITHMS
+from models import MODELS
 from tests.harness import CONF, compose
 
 REPO = CONF.parent
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("recipe", "table", "local", "hydra"))
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
-OPTIONS += [("data", name) for name in DATASETS.names()]  # options built from the registry, no YAML
+# options built from the registries, no YAML: data sets, algorithms, models
+OPTIONS += [("data", name) for name in DATASETS.names()]
+OPTIONS += [("algo", name) for name in ALGORITHMS.names()] + [("model", name) for name in MODELS.names()]
 RECIPES = sorted(str(p.relative_to(REPO / "recipes").with_suffix("")) for p in (REPO / "recipes").rglob("*.yaml")
                  if "tables" not in p.parts)
 

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from tests.harness import run_ranks
-from tests.plugin_harness import flat_params, grad_step, loss_of, make_model, make_optimizer, worker_batch
+from dist_algos.base import HyperParams
+from tests.plugin_harness import hyper_of, flat_params, grad_step, loss_of, make_model, make_optimizer, worker_batch
 
 K = 3  # not a power of two, so the divide in the average is not exact in binary
 STEPS = 20
@@ -61,10 +62,10 @@ def run_variants(rank: int, world: int, variants: list[dict[str, Any]]) -> list[
     out = []
     for v in variants:
         cfg = typed_section(cls.Config, {"name": "diloco", **v["algo"]}, "algo")
-        cls.validate(cfg, world, world)
         plugin = cls(cfg, ctx)
         model = make_model(batch_norm=v["batch_norm"])
         opt = make_optimizer(model, v["kind"])
+        cls.validate(cfg, world, world, hyper_of(opt))
         info = TrainInfo(total_steps=STEPS, steps_per_epoch=STEPS, lr_at=lambda s: opt.param_groups[0]["lr"],
                          warmup_steps=0, train_batches=lambda n: iter(()), forward=lambda m, x: m(x))
         plugin.setup(model, opt, info)
@@ -217,7 +218,7 @@ def test_bad_settings_are_one_line_user_errors(override: dict[str, Any], message
 
     cls = get_algorithm("diloco")
     with pytest.raises(UserError, match=message) as err:
-        cls.validate(typed_section(cls.Config, {"name": "diloco", **override}, "algo"), 4, 4)
+        cls.validate(typed_section(cls.Config, {"name": "diloco", **override}, "algo"), 4, 4, HyperParams())
     assert "\n" not in str(err.value)
 
 

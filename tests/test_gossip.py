@@ -20,6 +20,7 @@ import torch.nn as nn
 from dist_algos.group_schedule import bipartite_partner, exponential_peers, ring_neighbours
 from core.errors import UserError
 from tests.harness import run_ranks
+from dist_algos.base import HyperParams
 from tests.plugin_harness import flat_params, grad_step, make_workers, plugin_trajectory, worker_batch
 
 STEPS = 10
@@ -71,12 +72,13 @@ def set_flat(model: torch.nn.Module, flat: torch.Tensor) -> None:
 
 
 def reference_mix_then_step(k: int, kind: str,
-                             mix: Callable[[int, int, list[torch.Tensor]], torch.Tensor]) -> list[list[torch.Tensor]]:
+                             mix: Callable[[int, int, list[torch.Tensor]], torch.Tensor],
+                             steps: int = STEPS) -> list[list[torch.Tensor]]:
     """Each copy takes its gradient, the copies' models are mixed (`mix(worker, step, models
     before mixing)`), then each copy steps with the gradient it took before mixing."""
     models, opts = make_workers(k, kind)
     out: list[list[torch.Tensor]] = [[] for _ in range(k)]
-    for step in range(STEPS):
+    for step in range(steps):
         for w in range(k):
             grad_step(models[w], opts[w], *worker_batch(w, step, k))
         flat = [flat_params(m) for m in models]
@@ -87,20 +89,20 @@ def reference_mix_then_step(k: int, kind: str,
     return finish(models, out)
 
 
-def reference_dpsgd(k: int, kind: str) -> list[list[torch.Tensor]]:
+def reference_dpsgd(k: int, kind: str, steps: int = STEPS) -> list[list[torch.Tensor]]:
     """Mix with both ring neighbours, then each copy's step with its gradient taken before mixing."""
     def ring_mix(w: int, step: int, flat: list[torch.Tensor]) -> torch.Tensor:
         left, right = ring_neighbours(w, k)
         return (flat[left] + flat[w] + flat[right]) / 3
-    return reference_mix_then_step(k, kind, ring_mix)
+    return reference_mix_then_step(k, kind, ring_mix, steps)
 
 
-def reference_sgp(k: int, num_peers: int, kind: str) -> list[list[torch.Tensor]]:
+def reference_sgp(k: int, num_peers: int, kind: str, steps: int = STEPS) -> list[list[torch.Tensor]]:
     """Push-sum: step on z, then x = z * w split over self and the out-peers, z = x / w."""
     models, opts = make_workers(k, kind)
     weights = [1.0] * k
     out: list[list[torch.Tensor]] = [[] for _ in range(k)]
-    for step in range(STEPS):
+    for step in range(steps):
         for w in range(k):
             grad_step(models[w], opts[w], *worker_batch(w, step, k))
             opts[w].step()
@@ -118,10 +120,10 @@ def reference_sgp(k: int, num_peers: int, kind: str) -> list[list[torch.Tensor]]
     return finish(models, out)
 
 
-def reference_adpsgd(k: int, kind: str) -> list[list[torch.Tensor]]:
+def reference_adpsgd(k: int, kind: str, steps: int = STEPS) -> list[list[torch.Tensor]]:
     """Each step every (active, passive) pair of the matching averages, then each copy steps."""
     return reference_mix_then_step(
-        k, kind, lambda w, step, flat: (flat[w] + flat[bipartite_partner(w, k, step)]) / 2)
+        k, kind, lambda w, step, flat: (flat[w] + flat[bipartite_partner(w, k, step)]) / 2, steps)
 
 
 def finish(models: list[torch.nn.Module], out: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
@@ -184,11 +186,11 @@ def test_validation_names_the_value() -> None:
     from dist_algos.sgp import Sgp, SgpConfig
 
     with pytest.raises(UserError, match="got 3"):
-        Adpsgd.validate(AdpsgdConfig(), 3, 3)
-    Adpsgd.validate(AdpsgdConfig(), 1, 1)
+        Adpsgd.validate(AdpsgdConfig(), 3, 3, HyperParams())
+    Adpsgd.validate(AdpsgdConfig(), 1, 1, HyperParams())
 
     with pytest.raises(UserError, match="num_peers=3"):
-        Sgp.validate(SgpConfig(num_peers=3), 4, 4)
+        Sgp.validate(SgpConfig(num_peers=3), 4, 4, HyperParams())
     with pytest.raises(UserError, match="num_peers=0"):
-        Sgp.validate(SgpConfig(num_peers=0), 4, 4)
-    Sgp.validate(SgpConfig(num_peers=2), 4, 4)
+        Sgp.validate(SgpConfig(num_peers=0), 4, 4, HyperParams())
+    Sgp.validate(SgpConfig(num_peers=2), 4, 4, HyperParams())

@@ -18,7 +18,8 @@ import torch.nn as nn
 
 from dist_algos.sync_schedule import SyncRule
 from tests.harness import run_ranks
-from tests.plugin_harness import flat_params, grad_step, loss_of, make_model, make_optimizer, worker_batch
+from dist_algos.base import HyperParams
+from tests.plugin_harness import hyper_of, flat_params, grad_step, loss_of, make_model, make_optimizer, worker_batch
 
 K = 3  # not a power of two, so the divide in the average is not exact in binary
 STEPS = 20
@@ -79,10 +80,10 @@ def run_variants(rank: int, world: int, variants: list[dict[str, Any]]) -> dict[
     out = []
     for v in variants:
         cfg = typed_section(cls.Config, {"name": "local_sgd", **v["algo"]}, "algo")
-        cls.validate(cfg, world, world)
         plugin = cls(cfg, ctx)
         model = make_model(batch_norm=v["batch_norm"])
         opt = make_optimizer(model, v["kind"])
+        cls.validate(cfg, world, world, hyper_of(opt))
         lr_at = lr_schedule(v["kind"])
         info = TrainInfo(total_steps=STEPS, steps_per_epoch=STEPS, lr_at=lr_at, warmup_steps=WARMUP,
                          train_batches=bn_batches_of(rank, world), forward=lambda m, x: m(x))
@@ -316,7 +317,7 @@ def test_bad_settings_are_one_line_user_errors(override: dict[str, Any], message
 
     cls = get_algorithm("local_sgd")
     with pytest.raises(UserError, match=message) as err:
-        cls.validate(cls.Config(**override), 4, 4)
+        cls.validate(cls.Config(**override), 4, 4, HyperParams())
     assert "\n" not in str(err.value)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from dist_algos import get_algorithm
+from engine.train.optim import hyper_params
 from tests.harness import REPO, compose
 
 RECIPES = sorted(p.stem for p in (REPO / "recipes" / "lsgd").glob("*.yaml") if not p.stem.endswith("_common"))
@@ -24,7 +25,8 @@ def test_recipe_composes_and_validates(name: str, tmp_path: Path) -> None:
     cfg = compose([f"recipe=lsgd/{name}"], tmp_path)
     nodes = 1 if name.startswith("cpu_") else 4
     assert cfg.launch.nproc == 4
-    get_algorithm(cfg.algo.name).validate(cfg.algo, nodes * cfg.launch.nproc, cfg.launch.nproc)
+    get_algorithm(cfg.algo.name).validate(cfg.algo, nodes * cfg.launch.nproc, cfg.launch.nproc,
+                                          hyper_params(cfg.optim, cfg.optim.lr, cfg.train.grad_clip))
     if name.startswith("cpu_"):
         assert cfg.data.name == "digits"
         if cfg.algo.name == "lsgd":

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from dist_algos.base import HyperParams
 from dist_algos.easgd import EASGD, EASGDConfig, elastic_update_
 from dist_algos.leader_select import RunningLoss, choose_leader, pull_towards_
 from dist_algos.lsgd import LSGD, LSGDConfig, local_leader_active, partition, resolve_group_size
@@ -81,7 +82,7 @@ def test_groups_are_consecutive_ranks_and_local_leaders_need_several() -> None:
 ])
 def test_lsgd_rejects_settings_that_cannot_work(overrides: dict, world: int, local_size: int, fragment: str) -> None:
     with pytest.raises(UserError, match=fragment.replace("[", r"\[")):
-        LSGD.validate(LSGDConfig(**overrides), world, local_size)
+        LSGD.validate(LSGDConfig(**overrides), world, local_size, HyperParams())
 
 
 def test_lsgd_accepts_a_period_that_only_matters_with_groups() -> None:
@@ -89,10 +90,10 @@ def test_lsgd_accepts_a_period_that_only_matters_with_groups() -> None:
     # global one is harmless there; validate() raises UserError if it rejects either set-up
     lone = LSGDConfig(local_period=3, global_period=16, group_size=4)
     assert not local_leader_active(4, resolve_group_size(lone, 4))
-    LSGD.validate(lone, 4, 4)
+    LSGD.validate(lone, 4, 4, HyperParams())
     paper = LSGDConfig()  # the paper's 4 nodes x 4 workers: groups of the ranks per node
     assert resolve_group_size(paper, 4) == 4 and local_leader_active(16, 4)
-    LSGD.validate(paper, 16, 4)
+    LSGD.validate(paper, 16, 4, HyperParams())
 
 
 @pytest.mark.parametrize("overrides, fragment", [
@@ -102,7 +103,7 @@ def test_lsgd_accepts_a_period_that_only_matters_with_groups() -> None:
 ])
 def test_easgd_rejects_settings_that_cannot_work(overrides: dict, fragment: str) -> None:
     with pytest.raises(UserError, match=fragment):
-        EASGD.validate(EASGDConfig(**overrides), 4, 4)
+        EASGD.validate(EASGDConfig(**overrides), 4, 4, HyperParams())
 
 
 def test_local_evaluation_runs_on_rank_zero_only() -> None:

@@ -1,10 +1,13 @@
-"""Exact resume for every registered algorithm (composer's algorithm-resumption test, here).
+"""Exact resume for every registered algorithm, in every mode it declares (composer's
+algorithm-resumption test, here).
 
-For each plugin in the registry, on its `test_world_size` gloo ranks: train N steps
-uninterrupted; train again with `train.stop_after=k`, then resume to N; every rank's final
+For each plugin's `test_scenarios`, on the scenario's gloo ranks with its ranks per node (a
+real multi-node layout where the scenario sets `local_size`, so groups by node exist): train N
+steps uninterrupted; train again with `train.stop_after=k`, then resume to N; every rank's final
 checkpoint (parameters, buffers, optimizer state, scheduler, plugin state, RNG, counters) must
 be equal bit for bit. Plugins whose default mode depends on timing declare
 `deterministic_overrides` (and the reason) and are tested in that mode; the list is printed.
+A plugin that declares no scenario fails with one line naming what to add and where.
 """
 from __future__ import annotations
 
@@ -15,7 +18,9 @@ import pytest
 import torch
 
 from dist_algos import get_algorithm, list_algorithms
+from dist_algos.base import DistAlgorithm, Scenario
 from tests.harness import run_ranks, train_in_rank
+from tests.registry import env_of, lookup, optimizer_overrides, scenario_ids, scenario_values, world_of
 
 STEPS, STOP = 60, 25  # the issue's numbers; 11 steps per epoch on 4 ranks: the stop is mid-epoch, between evals
 IGNORED = ("elapsed", "train_seconds", "seconds", "injected_s", "median")  # wall-clock readings
@@ -52,21 +57,38 @@ def resume_scenario(rank: int, world: int, overrides: list[str], tmp: str) -> li
     return diff(a, b)
 
 
-def algo_overrides(name: str) -> list[str]:
-    cls = get_algorithm(name)
-    det = [f"algo.{k}={v}" for k, v in cls.deterministic_overrides.items()]
+def override_value(value: Any) -> str:
+    """A Python value as a Hydra override's value (lists without quotes)."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(map(override_value, value)) + "]"
+    return "null" if value is None else str(value)
+
+
+def base_overrides(name: str) -> list[str]:
     return [f"algo={name}", f"train.max_steps={STEPS}", "train.eval_every_steps=20",
-            "train.log_every_steps=5", "model.width=8", "checkpoint.every_epochs=1", *det]
+            "train.log_every_steps=5", "model.width=8", "checkpoint.every_epochs=1"]
 
 
-@pytest.mark.parametrize("name", list_algorithms())
-def test_resume_is_bit_exact(name: str, tmp_path: Path) -> None:
+def algo_overrides(name: str) -> list[str]:
+    """The plugin's defaults in its deterministic mode (for other tests' own resume variants)."""
     cls = get_algorithm(name)
+    return base_overrides(name) + [f"algo.{k}={override_value(v)}" for k, v in cls.deterministic_overrides.items()]
+
+
+def run_overrides(cls: type[DistAlgorithm], scenario: Scenario) -> list[str]:
+    values = [f"algo.{k}={override_value(v)}" for k, v in scenario_values(cls, scenario).items()]
+    return base_overrides(cls.name) + optimizer_overrides(scenario) + values
+
+
+@pytest.mark.parametrize("scenario_id", scenario_ids())
+def test_resume_is_bit_exact(scenario_id: str, tmp_path: Path) -> None:
+    cls, scenario = lookup(scenario_id)
     if cls.deterministic_overrides:
-        print(f"{name}: tested with {cls.deterministic_overrides} because {cls.deterministic_reason}")
-    diffs = run_ranks(resume_scenario, cls.test_world_size, algo_overrides(name), str(tmp_path), timeout=300)
+        print(f"{cls.name}: tested with {cls.deterministic_overrides} because {cls.deterministic_reason}")
+    diffs = run_ranks(resume_scenario, world_of(cls, scenario), run_overrides(cls, scenario), str(tmp_path),
+                      timeout=300, env=env_of(cls, scenario))
     for rank, d in enumerate(diffs):
-        assert not d, f"{name} rank {rank}: resumed state differs at {d[:10]}"
+        assert not d, f"{scenario_id} rank {rank}: resumed state differs at {d[:10]}"
 
 
 def test_registry_declares_reasons() -> None:

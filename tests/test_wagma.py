@@ -20,6 +20,7 @@ import torch.nn as nn
 from dist_algos.group_schedule import GroupSchedule, is_global_step
 from core.errors import UserError
 from tests.harness import run_ranks
+from dist_algos.base import HyperParams
 from tests.plugin_harness import flat_params, grad_step, make_workers, plugin_trajectory, worker_batch
 
 SYNC_STEPS = 12
@@ -57,14 +58,14 @@ def test_validation_names_the_value() -> None:
     from dist_algos.wagma import Wagma, WagmaConfig
 
     with pytest.raises(UserError, match="group_size=3"):
-        Wagma.validate(WagmaConfig(group_size=3), 4, 4)
+        Wagma.validate(WagmaConfig(group_size=3), 4, 4, HyperParams())
     with pytest.raises(UserError, match="group_size=8 is larger"):
-        Wagma.validate(WagmaConfig(group_size=8), 4, 4)
+        Wagma.validate(WagmaConfig(group_size=8), 4, 4, HyperParams())
     with pytest.raises(UserError, match="got 6"):
-        Wagma.validate(WagmaConfig(group_size=2), 6, 6)
+        Wagma.validate(WagmaConfig(group_size=2), 6, 6, HyperParams())
     with pytest.raises(UserError, match="global_period=0"):
-        Wagma.validate(WagmaConfig(global_period=0), 4, 4)
-    Wagma.validate(WagmaConfig(group_size=4, global_period=1), 4, 4)
+        Wagma.validate(WagmaConfig(global_period=0), 4, 4, HyperParams())
+    Wagma.validate(WagmaConfig(group_size=4, global_period=1), 4, 4, HyperParams())
 
 
 # ---- inside the ranks -----------------------------------------------------------------------
@@ -80,7 +81,7 @@ def wait_avoiding_run(rank: int, world: int, group_size: int, steps: int) -> dic
     cls = get_algorithm("wagma")
     cfg = typed_section(cls.Config, {"name": "wagma", "group_size": group_size,
                                      "global_period": WA_TAU, "wait_avoiding": True}, "algo")
-    cls.validate(cfg, world, world)
+    cls.validate(cfg, world, world, HyperParams())
     plugin = cls(cfg, ctx)
     torch.manual_seed(0)
     model = nn.Linear(6, 3)
@@ -136,13 +137,13 @@ def ranks(request: pytest.FixtureRequest) -> tuple[int, list[dict[str, Any]]]:
 
 
 # ---- the reference simulation ---------------------------------------------------------------
-def reference(k: int, group_size: int, tau: int, kind: str) -> list[list[torch.Tensor]]:
+def reference(k: int, group_size: int, tau: int, kind: str, steps: int = SYNC_STEPS) -> list[list[torch.Tensor]]:
     """K model copies: each step, gradients at the current weights, then the group (or global)
     mean of the weights, then each copy's own optimizer step."""
     schedule = GroupSchedule(k, group_size)
     models, opts = make_workers(k, kind)
     out: list[list[torch.Tensor]] = [[] for _ in range(k)]
-    for step in range(SYNC_STEPS):
+    for step in range(steps):
         for w in range(k):
             grad_step(models[w], opts[w], *worker_batch(w, step, k))
         flat = [flat_params(m) for m in models]

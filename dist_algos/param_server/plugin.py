@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, RankLayout, Role, StepContext, TrainInfo
+from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, RankLayout, Role, Scenario, StepContext, TrainInfo
 from dist_algos.compressors import clip_by_norm_
 from dist_algos.flat import FlatBuffer, flat_grads
 from dist_algos.param_server import wire
@@ -75,6 +75,13 @@ class ParamServerAlgorithm(DistAlgorithm):
     deterministic_overrides = {"serving": "round_robin"}
     deterministic_reason = ("asynchronous serving applies pushes in arrival order, which depends on timing; "
                             "round_robin applies the workers' pushes in a fixed rank order")
+    test_scenarios = {"one_server": Scenario()}
+    reference_exemption = ("a serving thread applies the workers' pushes while its main thread joins the trainer's "
+                           "collectives, which plugin_trajectory's step loop cannot drive: tests/test_param_server.py "
+                           "drives server and workers itself and compares with one-process SGD (one worker) and "
+                           "with a replay of the recorded push order (delayed workers, two servers)")
+    invalid_options = {"algo.servers=4": "needs at least one worker", "algo.serving=lifo": "algo.serving",
+                       "optim=adamw": "use optim=sgd", "optim.nesterov=true": "optim.nesterov=false"}
     #: "model" or "sparse" for plugins whose downlink is part of the method; None: `algo.downlink`.
     fixed_downlink: ClassVar[Optional[str]] = None
     #: Why the method needs optim.momentum > 0 (checked on every rank at set-up), or "".
@@ -87,7 +94,7 @@ class ParamServerAlgorithm(DistAlgorithm):
     # ---- validation ---------------------------------------------------------------------------
     @classmethod
     def validate(cls, cfg: ParamServerConfig, world_size: int, local_size: int,
-                 hyper: HyperParams = HyperParams()) -> None:
+                 hyper: HyperParams) -> None:
         if cfg.servers < 1:
             raise UserError(f"algo.servers={cfg.servers} must be at least 1")
         if world_size - cfg.servers < 1:
