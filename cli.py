@@ -32,7 +32,7 @@ from engine import rank
 from engine.config import register_schemas
 from engine.launch.config import Launcher
 from engine.launch.launcher import stopped_message
-from engine.launch.restart import supervise
+from engine.launch.restart import launch_with_restarts
 from engine.launch.run_lock import RunLock
 from engine.plan import RunPlan, preflight
 from engine.tables.runner import run_table
@@ -63,7 +63,7 @@ def main(cfg: DictConfig) -> None:
     if _in_this_process(plan):
         code = rank.main(cfg, str(run_dir.root))
     else:
-        code = supervise(plan, run_dir, list(hc.overrides.task))
+        code = launch_with_restarts(plan, run_dir, list(hc.overrides.task))
     lock.release()
     note = stopped_message(run_dir) if code == 0 else None
     if note:

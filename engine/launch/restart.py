@@ -88,7 +88,7 @@ def _archive_attempt(run_dir: RunDir, attempt: int) -> None:
         shutil.copy2(run_dir.metrics, dest / run_dir.metrics.name)
 
 
-def supervise(plan: Any, run_dir: RunDir, overrides: list[str]) -> int:
+def launch_with_restarts(plan: Any, run_dir: RunDir, overrides: list[str]) -> int:
     """Launch the planned job and supervise it, restarting it as `launch.max_restarts` allows."""
     cfg = plan.config
     stall_s = stall_after_s(cfg.dist.timeout_s)
