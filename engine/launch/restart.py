@@ -79,7 +79,7 @@ def _failure_step(run_dir: RunDir, log: FaultLog, attempt: int) -> int | None:
 
 def _archive_attempt(run_dir: RunDir, attempt: int) -> None:
     """Move the failed attempt's rank files and a copy of its metrics to logs/attempt_<k>/."""
-    dest = run_dir.logs / f"attempt_{attempt}"
+    dest = run_dir.attempt_logs(attempt)
     dest.mkdir(parents=True, exist_ok=True)
     for kind in _RANK_FILES:
         for path in run_dir.rank_files(kind).values():

@@ -118,7 +118,7 @@ class FaultLog:
     local or NFS file opened with O_APPEND; each is flushed and synced before a kill follows it."""
 
     def __init__(self, run_dir: RunDir | Path) -> None:
-        self.path = RunDir.of(run_dir).logs / "faults.jsonl"
+        self.path = RunDir.of(run_dir).faults_log
 
     def events(self) -> list[dict[str, Any]]:
         try:
