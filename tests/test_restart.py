@@ -7,6 +7,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,10 +16,10 @@ import torch
 
 from core.errors import UserError
 from core.rundir import RunDir
-from engine.train.faults import FaultLog, FaultsConfig, fault_summary, mtbf_draw, parse_faults
 from engine.launch.restart import run_with_restarts
+from engine.train.faults import FaultLog, FaultsConfig, fault_summary, mtbf_draw, parse_faults
 from engine.train.heartbeat import read_step
-from tests.test_cli import error_line, run_cli
+from tests.test_cli import REPO, error_line, run_cli
 from tests.test_faults import newest_complete, start_cli, wait_for
 
 QUIET = ["train.eval_every_epochs=null", "checkpoint.every_epochs=null", "train.progress=false"]
@@ -180,3 +182,29 @@ def test_restart_all_job_killed_as_a_whole_resumes_from_its_checkpoint(cli_env: 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed_from"] == last.step and summary["steps"] == last.step + 10
     assert summary["faults_injected"] == 1 and summary["failures"] == 1 and summary["restarts"] == 1
+
+
+_MTBF_CHILD = """
+import sys, time
+from pathlib import Path
+from core.rundir import RunDir
+from engine.train.faults import FaultInjector, FaultsConfig
+inj = FaultInjector(FaultsConfig(mtbf_s=0.05, seed=1), rank=0, world_size=1, run_dir=RunDir(Path(sys.argv[1])))
+inj.start(step=0, resumed=False, reporting=False)
+for step in range(1, 2000):
+    time.sleep(0.01)
+    inj.after_step(step)
+print("survived")
+"""
+
+
+def test_random_kill_is_a_real_sigkill_and_the_next_attempt_draws_the_next_gap(tmp_path: Path) -> None:
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.logs.mkdir(parents=True)
+    for attempt in range(2):
+        proc = subprocess.run([sys.executable, "-c", _MTBF_CHILD, str(run_dir.root)], cwd=REPO, capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "SYNCOPT_ATTEMPT": str(attempt)})
+        assert proc.returncode == -signal.SIGKILL and "survived" not in proc.stdout, proc.stderr[-2000:]
+    kills = [e for e in FaultLog(run_dir).events() if e["event"] == "kill"]
+    assert [(k["kind"], k["spec"], k["attempt"]) for k in kills] == [("mtbf", "mtbf #0", 0), ("mtbf", "mtbf #1", 1)]
+    assert [k["gap_s"] for k in kills] == [round(mtbf_draw(1, 0.05, 1, i)[0], 3) for i in range(2)]
