@@ -31,7 +31,8 @@ from core.schema import config_error_line
 from engine import rank
 from engine.config import register_schemas
 from engine.launch.config import Launcher
-from engine.launch.launcher import launch, stall_after_s, stopped_message
+from engine.launch.launcher import stopped_message
+from engine.launch.restart import launch_with_restarts
 from engine.launch.run_lock import RunLock
 from engine.plan import RunPlan, preflight
 from engine.tables.runner import run_table
@@ -62,7 +63,7 @@ def main(cfg: DictConfig) -> None:
     if _in_this_process(plan):
         code = rank.main(cfg, str(run_dir.root))
     else:
-        code = launch(plan.config.launch, run_dir, list(hc.overrides.task), stall_after_s(plan.config.dist.timeout_s))
+        code = launch_with_restarts(plan, run_dir, list(hc.overrides.task))
     lock.release()
     note = stopped_message(run_dir) if code == 0 else None
     if note:
@@ -84,9 +85,11 @@ def save_hydra_record(run_dir: RunDir, cfg: DictConfig, hc: Any) -> None:
 
 def _in_this_process(plan: RunPlan) -> bool:
     """One rank on this machine trains here; a hostfile launch goes through DeepSpeed's runner
-    even for one rank per node."""
+    even for one rank per node, and so does a run with faults or restarts (a killed rank must not
+    take its supervisor with it)."""
     launch_cfg = plan.config.launch
-    return launch_cfg.launcher == Launcher.none or (launch_cfg.nproc == 1 and not launch_cfg.hostfile)
+    supervised = plan.config.faults.active or launch_cfg.max_restarts > 0
+    return launch_cfg.launcher == Launcher.none or (launch_cfg.nproc == 1 and not launch_cfg.hostfile and not supervised)
 
 
 def one_line(err: BaseException) -> str:

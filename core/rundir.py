@@ -16,6 +16,8 @@ storage) and the tools that read results (tables, tests). Its layout:
                            .progress ("step time", rewritten every few seconds while it runs);
                            .exit (its exit code, once it has ended)
     logs/launch.json       how the job was launched (multi-node handshakes)
+    logs/faults.jsonl      the run's fault log: attempts, failures, injected kills and stalls, resumes
+    logs/attempt_<k>/      a failed attempt's rank files and metrics, moved there before a restart
     logs/deepspeed_env     the environment exported to pdsh-started nodes
     checkpoints/step_<8 digits>/rank_<r>.pt, manifest.json
     checkpoints/best.json
@@ -108,6 +110,13 @@ class RunDir:
             if rank is not None:
                 found[rank] = path
         return found
+
+    @property
+    def faults_log(self) -> Path:
+        return self.logs / "faults.jsonl"
+
+    def attempt_logs(self, attempt: int) -> Path:
+        return self.logs / f"attempt_{attempt}"
 
     @property
     def launch_record(self) -> Path:

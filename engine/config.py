@@ -31,6 +31,7 @@ from engine.report.metrics import LoggerConfig
 from engine.tables.config import TableConfig
 from engine.train.checkpointer import CheckpointConfig
 from engine.train.config import TrainConfig, check_train
+from engine.train.faults import FaultsConfig
 from engine.train.optim import OptimConfig, SchedConfig, check_optim, check_sched
 
 
@@ -51,6 +52,7 @@ class RunSchema:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)  # injected failures (engine/train/faults.py)
     model: Any = None  # the model group's node (models' registry)
     data: Any = None  # the data group's node (data sets' registry)
     algo: Any = None  # the algo group's node (the plugin's config dataclass)
@@ -74,6 +76,7 @@ class RunConfig(Section):
     launch: LaunchConfig
     logger: LoggerConfig
     dist: DistConfig
+    faults: FaultsConfig
     raw: DictConfig = field(repr=False)  # the resolved composed config, for saving and logging
 
 
@@ -123,6 +126,7 @@ def load_run_config(cfg: DictConfig) -> RunConfig:
         checkpoint=typed_section(CheckpointConfig, cfg.get("checkpoint"), "checkpoint"),
         launch=load_launch_config(cfg.get("launch")),
         logger=typed_section(LoggerConfig, cfg.get("logger"), "logger"),
-        dist=typed_section(DistConfig, cfg.get("dist"), "dist"), raw=cfg,
+        dist=typed_section(DistConfig, cfg.get("dist"), "dist"),
+        faults=typed_section(FaultsConfig, cfg.get("faults"), "faults"), raw=cfg,
     )
     return freeze(run)

@@ -26,6 +26,8 @@ from engine.checkpoint.files import Manifest
 from engine.checkpoint.resume import init_source, resume_candidates
 from engine.config import RunConfig, load_run_config
 from engine.launch.config import Launcher, launch_shape
+from engine.launch.restart import check_supervision
+from engine.train.faults import parse_faults
 from engine.train.optim import hyper_params, peak_lr, warmup_steps
 
 
@@ -84,6 +86,7 @@ def build_plan(config: RunConfig, run_dir: RunDir, world_size: int, ranks_per_no
     batch = plan_batch(config.train, max(len(layout.train), 1))
     hyper = hyper_params(config.optim, peak_lr(config.optim, batch.global_batch), config.train.grad_clip)
     algo.validate(config.algo, world_size, ranks_per_node, hyper)
+    parse_faults(config.faults, world_size)
     samples = num_train_samples(config.data)
     if samples is not None and batch.global_batch > samples:
         raise UserError(f"launch.nproc={world_size}: {len(layout.train)} training ranks x batch {batch.per_rank} "
@@ -106,6 +109,7 @@ def preflight(raw: DictConfig, run_dir: RunDir) -> RunPlan:
     if config.launch.launcher == Launcher.none and config.launch.nproc != 1:
         raise UserError(f"launch.launcher=none trains in this one process; set launch.nproc=1 "
                         f"(not {config.launch.nproc}) or pick launch.launcher=deepspeed")
+    check_supervision(config)
     plan = build_plan(config, run_dir, world, per_node)
     announce_devices(config, per_node)
     check_buildable(config.model, plan.spec)

@@ -31,6 +31,8 @@ Most-used options:
   train.epochs=N train.batch_size=B seed=S
   launch.nproc=N              ranks on this machine (4 on a CPU machine, one per GPU)
   launch.hostfile=PATH        several machines (docs/multinode.md)
+  launch.max_restarts=N       re-launch a failed job from its last checkpoint, up to N times
+  faults.kill=[RANK@STEP]     inject failures: kill, stall=[R@S:SEC], mtbf_s (docs/faults.md)
   logger=wandb                log to Weights & Biases (offline unless WANDB_MODE says otherwise)
   resume=auto|never|PATH      continue the run in hydra.run.dir (auto), or from a checkpoint
   hydra.run.dir=PATH          where the run writes (default runs/DATE/TIME)

@@ -52,6 +52,9 @@ class LaunchConfig(Section):
     master_port: Optional[int] = option(None, ge=1024, le=65535)  # null: a free port (give one with no_ssh)
     omp_threads: Optional[int] = option(None, ge=1)  # null: the node's cores / its ranks
     log_level: LogLevel = LogLevel.warning  # DeepSpeed launcher's own logging (info shows every spawn)
+    # re-launch the whole job from its last complete checkpoint after a failure, up to N times
+    # (engine/launch/restart.py); 0: a failure ends the job
+    max_restarts: int = option(0, ge=0)
     # ---- several machines (docs/multinode.md) ----
     hostfile: Optional[str] = None  # DeepSpeed hostfile: one `HOST slots=N` line per machine
     include: Optional[str] = None  # DeepSpeed --include: host[:slot,slot][@host...]

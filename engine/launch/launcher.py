@@ -153,7 +153,7 @@ def _job_manager_signal() -> Optional[tuple[int, Callable[[int, Optional[FrameTy
 
 
 def run_launcher(cmd: list[str], env: dict[str, str], run_dir: RunDir | Path, watch: Optional[RankWatch] = None,
-                 stall_s: Optional[float] = None) -> int:
+                 stall_s: Optional[float] = None, received: Optional[list[int]] = None) -> int:
     """Run the launcher, forward stop signals to the ranks, and explain a failure in one line.
 
     The first stop signal (or a new stop_request file) is delivered as SIGUSR1 as soon as every
@@ -161,7 +161,8 @@ def run_launcher(cmd: list[str], env: dict[str, str], run_dir: RunDir | Path, wa
     A rank whose heartbeat is silent for `stall_s` seconds ends the job at once, named with its
     step (its peers would otherwise wait in a collective until dist.timeout_s and then blame
     nobody). Once every rank has recorded a clean exit the job is over, whatever the launcher's
-    own polling still takes.
+    own polling still takes. `received`: the stop signals that arrived are appended to it (a job
+    the user stopped is not restarted).
     """
     run_dir = RunDir.of(run_dir)
     watch = watch or RankWatch(run_dir)
@@ -174,7 +175,7 @@ def run_launcher(cmd: list[str], env: dict[str, str], run_dir: RunDir | Path, wa
 
     proc = subprocess.Popen(cmd, env=env, start_new_session=True,
                             preexec_fn=child_setup if manager is not None else None)
-    received: list[int] = []
+    received = [] if received is None else received
     pending = [False]  # a stop to deliver once the ranks are ready
 
     def on_signal(signum: int, frame: Optional[FrameType]) -> None:
@@ -338,9 +339,11 @@ def _wait_for_node0(run_dir: RunDir | Path, expected: dict[str, Any], wait_s: fl
         time.sleep(0.5)
 
 
-def launch(cfg: LaunchConfig, run_dir: RunDir | Path, overrides: list[str], stall_s: Optional[float] = None) -> int:
+def launch(cfg: LaunchConfig, run_dir: RunDir | Path, overrides: list[str], stall_s: Optional[float] = None,
+           received: Optional[list[int]] = None) -> int:
     """Start the job's ranks (or this node's share of them) and supervise them; the exit code.
-    `stall_s`: how long a rank's heartbeat may be silent before the job is ended (None: never)."""
+    `stall_s`: how long a rank's heartbeat may be silent before the job is ended (None: never);
+    `received`: collects the stop signals that arrived (see `run_launcher`)."""
     run_dir = RunDir.of(run_dir)
     args = _script_args(run_dir, overrides)
     # launch.network: built here, removed when the launch ends however it ends (engine.launch.network)
@@ -354,7 +357,7 @@ def launch(cfg: LaunchConfig, run_dir: RunDir | Path, overrides: list[str], stal
             plan = _no_ssh_plan(cfg, run_dir, args)
         else:
             plan = _pdsh_plan(cfg, run_dir, args)
-        return run_launcher(plan.cmd, plan.env, run_dir, plan.watch, stall_s)
+        return run_launcher(plan.cmd, plan.env, run_dir, plan.watch, stall_s, received)
 
 
 def stall_after_s(timeout_s: float) -> float:

@@ -103,6 +103,10 @@ class RunReport:
         self._seen = self._window_samples = 0
         self._window_train_s, self._window_wait_s = state.train_seconds, state.data_wait_seconds
 
+    def note(self, record: dict[str, Any]) -> None:
+        """A record outside the step and evaluation rhythm (a restart: where and after what)."""
+        self.reporter.log(record)
+
     def _epoch(self, state: Any) -> float:
         return round(state.step / max(self.facts.steps_per_epoch, 1), 4)
 

@@ -32,6 +32,7 @@ from engine.train.checkpointer import Checkpointer
 from engine.train.clock import TrainClock
 from engine.train.compute import plain_state_dict, prepare_model
 from engine.train.evaluation import Evaluator
+from engine.train.faults import FaultInjector, FaultLog, fault_summary
 from engine.train.heartbeat import Heartbeat
 from engine.train.imbalance import ImbalanceInjector
 from engine.train.optim import Schedule, build_optimizer
@@ -65,6 +66,7 @@ class Trainer:
         self.local = LocalStep(cfg.train, ctx, self.model, self.optimizer, plan.batch.micro, self.compute,
                                self.algo.no_sync)
         self.imbalance = ImbalanceInjector(cfg.train.imbalance, ctx.rank)
+        self.faults = FaultInjector(cfg.faults, ctx.rank, ctx.world_size, plan.run_dir)
         self.state = TrainState()
         self.clock = TrainClock(ctx.device, self.state, cfg.train.log_every_steps)
         self.checkpointer = Checkpointer(cfg.checkpoint, plan.run_dir, ctx, cfg.algo.name, plan.resume_keys,
@@ -148,6 +150,10 @@ class Trainer:
         if self.reporting:
             self.report = RunReport(self.plan.run_dir, cfg.raw, cfg.logger, cfg.train.log_every_steps,
                                     cfg.train.progress, self.facts, st, self.algo.plot_keys())
+        started = self.faults.start(st.step, saved is not None, self.reporting)
+        if started is not None and started["event"] == "resume" and self.report:
+            self.report.note({"kind": "restart", "step": st.step, "attempt": started["attempt"],
+                              **fault_summary(FaultLog(self.plan.run_dir).events(), self.plan.num_train_ranks)})
         stop = StopAgreement(cfg.train.stop_after, cfg.train.preempt_check_every, self.total_steps)
         stopped: Optional[str] = None
         try:
@@ -187,6 +193,7 @@ class Trainer:
             if self.checkpointer.will_save(st, epoch_end, improved):
                 with clock.paused():
                     self.checkpointer.after_step(st, epoch_end, improved)
+            self.faults.after_step(st.step)
             reason = stop.reason(st.step)
             if reason is not None:
                 clock.pause()
@@ -230,6 +237,7 @@ class Trainer:
         summary = gather_summary(mine, self.ctx.world_size, self.reporting, result, st, self.facts,
                                  self.plan.config.checkpoint.best_metric, self.plan.algo.merge_summaries)
         if summary is not None and self.report:
+            summary.update(fault_summary(FaultLog(self.plan.run_dir).events(), self.plan.num_train_ranks))
             self.report.finish(summary)
         return summary
 
