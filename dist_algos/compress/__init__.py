@@ -20,6 +20,7 @@ from typing import Callable, Union
 
 from core.errors import UserError
 from core.registry import Registry
+from dist_algos.compress.chain import Chain
 from dist_algos.compress.contract import Combine, Compressor, EncodeContext, Payload
 
 COMPRESSORS: Registry[type[Compressor]] = Registry(
@@ -52,8 +53,6 @@ def build_stage(spec: str) -> Compressor:
 
 def build_chain(spec: Union[str, Sequence[str], None]) -> Compressor | None:
     """The compressor a config names: None for no compression (`[]`, `none`, null)."""
-    from dist_algos.compress.chain import Chain
-
     stages = [spec] if isinstance(spec, str) else list(spec or [])
     stages = [s for s in stages if str(s).strip() not in ("", "none")]
     if not stages:
