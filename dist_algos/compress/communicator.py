@@ -6,7 +6,7 @@ bytes this rank put on the wire:
 - summable payloads: one all_reduce (SUM) per payload tensor; 2 (K - 1) / K of their bytes;
 - gathered payloads: first an all_gather of each tensor's length (int64, so payloads whose size
   depends on the data, as threshold's, can be padded to the longest), then one all_gather per
-  tensor padded to that length; (K - 1) times the lengths' and the padded tensors' bytes.
+  tensor padded to that length, sent as its bytes; (K - 1) times the lengths' and the padded tensors' bytes.
 `combine_payloads` is the same combination on a list of payloads, shared by the collective path
 and `simulate`, the one-process K-worker reference the tests compare against.
 """
@@ -75,11 +75,12 @@ class Communicator:
             t = payload.tensors[name].reshape(-1)
             padded = torch.zeros(int(longest[i]), dtype=t.dtype)
             padded[:t.numel()] = t
-            bufs = [torch.empty_like(padded) for _ in range(self.world)]
-            dist.all_gather(bufs, padded, group=self.group)
-            sent += padded.numel() * padded.element_size()
+            raw = padded.view(torch.uint8)  # as bytes: gloo has no int16 (nor float8) collectives
+            bufs = [torch.empty_like(raw) for _ in range(self.world)]
+            dist.all_gather(bufs, raw, group=self.group)
+            sent += raw.numel()
             for r in range(self.world):
-                received[r][name] = bufs[r][:int(all_lengths[r][i])]
+                received[r][name] = bufs[r].view(t.dtype)[:int(all_lengths[r][i])]
         payloads = [Payload(t, payload.numel, payload.info) for t in received]
         return payloads, allgather_bytes(sent, self.world)
 
