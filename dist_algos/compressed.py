@@ -24,9 +24,8 @@ import torch.nn as nn
 from core.errors import UserError
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, StepContext, TrainInfo
-from dist_algos.compress import build_chain
+from dist_algos.compress import build_chain, check_chain
 from dist_algos.compress.communicator import Communicator
-from dist_algos.compress.memory import Memory
 from dist_algos.flat import flat_grads
 
 
@@ -37,21 +36,6 @@ class CompressedConfig(AlgoConfig):
     feedback: str = "ef"  # none | ef | ef21 | decayed:BETA | momentum:BETA
     sign_result: bool = False  # step along sign(combined) (DeMo, signSGD)
     seed: int = 0  # shared randomness (random-k positions); per-worker noise adds the rank
-
-
-def check_compression(compress: Any, feedback: str, key: str = "algo.compress", fb_key: str = "algo.feedback") -> None:
-    """Build the chain and the memory once before launch, so a wrong stage or feedback is a
-    one-line UserError naming the override."""
-    try:
-        build_chain(compress)
-    except UserError as exc:
-        raise UserError(f"{key}: {exc}") from None
-    except ValueError as exc:
-        raise UserError(f"{key}={list(compress) if not isinstance(compress, str) else compress}: {exc}") from None
-    try:
-        Memory(feedback)
-    except ValueError as exc:
-        raise UserError(f"{fb_key}: {exc}") from None
 
 
 def layer_shapes(params: list[nn.Parameter]) -> tuple[list[int], list[tuple[int, ...]]]:
@@ -67,7 +51,7 @@ class CompressedAllreduce(DistAlgorithm):
     def validate(cls, cfg: AlgoConfig, world_size: int, local_size: int,
                  hyper: HyperParams = HyperParams()) -> None:
         assert isinstance(cfg, CompressedConfig)
-        check_compression(cfg.compress, cfg.feedback)
+        check_chain(cfg.compress, cfg.feedback)
         if build_chain(cfg.compress) is None:
             raise UserError("algo.compress=[] sends nothing compressed: use algo=allreduce for dense averaging")
 

@@ -197,14 +197,14 @@ def test_every_compressor_round_trips(name: str) -> None:
 @pytest.mark.parametrize("spec,message", [(["nosuch"], "nosuch"), (["topk:2"], "density"),
                                           (["qsgd", "fp16"], "sparsifier"), (["topk:0.1", "signmv"], "vote")])
 def test_bad_chains_are_user_errors(spec: list[str], message: str) -> None:
-    from dist_algos.compressed import check_compression
+    from dist_algos.compress import check_chain as check_compression
 
     with pytest.raises(UserError, match=message):
         check_compression(spec, "ef")
 
 
 def test_bad_feedback_is_a_user_error() -> None:
-    from dist_algos.compressed import check_compression
+    from dist_algos.compress import check_chain as check_compression
 
     with pytest.raises(UserError, match="algo.feedback"):
         check_compression(["topk:0.1"], "ef3")

@@ -16,12 +16,13 @@ takes on the command line.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Callable, Union
+from typing import Any, Callable, Union
 
 from core.errors import UserError
 from core.registry import Registry
 from dist_algos.compress.chain import Chain
 from dist_algos.compress.contract import Combine, Compressor, EncodeContext, Payload
+from dist_algos.compress.memory import Memory
 
 COMPRESSORS: Registry[type[Compressor]] = Registry(
     "compressor", "compress stage", packages=["dist_algos.compress"],
@@ -61,5 +62,21 @@ def build_chain(spec: Union[str, Sequence[str], None]) -> Compressor | None:
     return built[0] if len(built) == 1 else Chain(built)
 
 
-__all__ = ["COMPRESSORS", "Combine", "Compressor", "EncodeContext", "Payload", "build_chain",
+def check_chain(compress: Any, feedback: str, key: str = "algo.compress", fb_key: str = "algo.feedback") -> None:
+    """Build the chain and the memory once before launch, so that a wrong stage or feedback is a
+    one-line UserError naming the override."""
+    try:
+        build_chain(compress)
+    except UserError as exc:
+        raise UserError(f"{key}: {exc}") from None
+    except ValueError as exc:
+        shown = compress if isinstance(compress, str) else list(compress or [])
+        raise UserError(f"{key}={shown}: {exc}") from None
+    try:
+        Memory(feedback)
+    except ValueError as exc:
+        raise UserError(f"{fb_key}: {exc}") from None
+
+
+__all__ = ["check_chain", "COMPRESSORS", "Combine", "Compressor", "EncodeContext", "Payload", "build_chain",
            "build_stage", "list_compressors", "register_compressor"]
