@@ -12,6 +12,8 @@ payloads (for a majority vote, the vote).
   mean. With BETA = 1 it is `ef`.
 - `momentum:BETA` (Signum, Bernstein et al. 2018): m = BETA m + (1 - BETA) x, send C(m); no
   residual; result mean.
+- `samomentum:M` (DGS's SAMomentum, Yan et al. 2020; with a sparsifier): u = M u + x, send C(u);
+  the entries sent keep u, the others become u / M (`samomentum_keep_`); result mean.
 
 The tensors are created at the first call and saved by `state_dict` (exact on resume)."""
 from __future__ import annotations
@@ -20,7 +22,15 @@ from typing import Any, Optional
 
 import torch
 
-KINDS = ("none", "ef", "ef21", "decayed", "momentum")
+KINDS = ("none", "ef", "ef21", "decayed", "momentum", "samomentum")
+
+
+def samomentum_keep_(velocity: torch.Tensor, idx: torch.Tensor, values: torch.Tensor, momentum: float) -> None:
+    """SAMomentum's rule after sending `values` at `idx`: the entries not sent become u / m (the
+    next u = m u + step restores them: an undecayed residual), the sent ones keep u, their
+    momentum. Shared by `dist_algos.compressors.samomentum_` (DGS) and the `samomentum` memory."""
+    velocity.div_(momentum)
+    velocity[idx] = values
 
 
 class Memory:
@@ -32,6 +42,8 @@ class Memory:
         self.beta = float(args[0]) if args else 0.9
         if kind in ("decayed", "momentum") and not 0 <= self.beta <= 1:
             raise ValueError(f"feedback {spec!r}: BETA must be in [0, 1]")
+        if kind == "samomentum" and not 0 < self.beta <= 1:
+            raise ValueError(f"feedback {spec!r}: M must be in (0, 1] (the residual is divided by it)")
         self.local: Optional[torch.Tensor] = None  # e (ef, decayed), g_i (ef21) or m (momentum)
         self.shared: Optional[torch.Tensor] = None  # ef21's global g
 
@@ -49,7 +61,7 @@ class Memory:
             return x + self.local
         if self.kind == "ef21":
             return x - self.local
-        if self.kind == "decayed":
+        if self.kind in ("decayed", "samomentum"):
             self.local.mul_(self.beta).add_(x)
             return self.local.clone()
         self.local.mul_(self.beta).add_(x, alpha=1 - self.beta)  # momentum
@@ -66,6 +78,10 @@ class Memory:
         elif self.kind == "ef21":
             assert self.local is not None
             self.local.add_(own)
+        elif self.kind == "samomentum":
+            assert self.local is not None
+            idx = torch.nonzero(own).flatten()
+            samomentum_keep_(self.local, idx, prepared[idx], self.beta)
 
     def result(self, mean: torch.Tensor) -> torch.Tensor:
         if self.kind != "ef21":
