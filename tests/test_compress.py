@@ -142,7 +142,7 @@ def test_wire_bytes_are_what_is_sent() -> None:
         "int8:256": 4 * math.ceil(n / 256) + n,
         "topk:0.1": sum(max(1, int(0.1 * s)) for s in SIZES) * (2 + 4),  # int16 position + float32
         "quant:2": 4 + math.ceil(n * 2 / 8),
-        "binquant:2:6": math.ceil(n * 2 / 8) + 4 * 4 + 4,
+        "binquant:2:6": math.ceil(n * 2 / 8) + len(SIZES) * (4 * 4 + 4),  # per layer: table + shift
     }
     for spec, nbytes in expect.items():
         assert build_stage(spec).encode(x, ctx).wire_bytes == nbytes, spec

@@ -6,7 +6,9 @@ A chain is summable only when every stage is (random-k's shared positions with f
 position by position); it votes when its last stage votes and the earlier ones are summable;
 otherwise its payloads are gathered. Its payload is the first stage's tensors but `values`, plus
 the later stage's tensors under the prefix `1.`; the number of kept values is known from the
-first stage's `indices` (or, for random-k, from the shared positions)."""
+first stage's `indices` (or, for random-k, from the shared positions). Where the first stage
+knows how many values each layer kept (the chunked top-k's), the next stage sees those as its
+layers, so a per-layer quantiser quantises each tensor's values on their own, as SparseLoCo does."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -45,8 +47,10 @@ class Chain(Compressor):
 
     def encode(self, x: torch.Tensor, ctx: EncodeContext) -> Payload:
         outer = self.first.encode(x, ctx)
+        segments = self.first.kept_sizes(outer)
         values = outer.tensors.pop("values")
-        inner_ctx = EncodeContext(sizes=[values.numel()], step=ctx.step, rank=ctx.rank, seed=ctx.seed * 31 + 7)
+        inner_ctx = EncodeContext(sizes=segments or [values.numel()], step=ctx.step, rank=ctx.rank,
+                                  seed=ctx.seed * 31 + 7)
         inner = self.rest.encode(values, inner_ctx)
         tensors = dict(outer.tensors)
         tensors.update({PREFIX + k: t for k, t in inner.tensors.items()})
@@ -56,8 +60,9 @@ class Chain(Compressor):
         t = payload.tensors
         kept = t["indices"].numel() if "indices" in t else int(payload.info["kept"])  # type: ignore[arg-type]
         inner_info = dict(payload.info["inner"])  # type: ignore[arg-type]
+        segments = self.first.kept_sizes(Payload({}, payload.numel, payload.info["outer"]))  # type: ignore[arg-type]
         if "sizes" in inner_info:
-            inner_info["sizes"] = [kept]
+            inner_info["sizes"] = segments or [kept]
         inner = Payload({k[len(PREFIX):]: v for k, v in t.items() if k.startswith(PREFIX)}, kept, inner_info)
         outer = {k: v for k, v in t.items() if not k.startswith(PREFIX)}
         outer["values"] = self.rest.decode(inner)

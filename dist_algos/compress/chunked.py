@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import Optional
 
 import torch
 
@@ -103,6 +104,15 @@ class ChunkTopK(Compressor):
             out.append(self._untile(tiles, shape))
             at += count
         return torch.cat(out) if out else torch.zeros(0)
+
+    def kept_sizes(self, payload: Payload) -> Optional[list[int]]:
+        out = []
+        for shape in payload.info["shapes"]:  # type: ignore[union-attr]
+            rows, cols = matrix_view(shape)
+            h = smaller_split(rows, self.chunk) if len(shape) > 1 else 1
+            w = smaller_split(cols, self.chunk)
+            out.append((rows // h) * (cols // w) * self._k(h * w))
+        return out
 
     def spec(self) -> str:
         return f"{self.name}:{self.chunk}:{self.k}"

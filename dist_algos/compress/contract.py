@@ -95,6 +95,11 @@ class Compressor(ABC):
     def decode(self, payload: Payload) -> torch.Tensor:
         """The dense float32 vector the payload stands for."""
 
+    def kept_sizes(self, payload: Payload) -> Optional[list[int]]:
+        """For a sparsifier whose count per layer is known from the payload: how many values each
+        layer kept, so a chain's next stage can work per layer (None: one segment)."""
+        return None
+
     def spec(self) -> str:
         return self.name
 
