@@ -130,7 +130,7 @@ def main() -> None:
         for r in rows:
             table.add_row(r["compressor"], r["combine"], f"{r['codec_s']:.3f}", f"{r['wire_bytes'] / 1e6:.2f}",
                           f"{r['sent_bytes'] / 1e6:.2f}", f"{r['ratio']:.1f}", str(r["breakeven_gbit_s"]))
-        Console().print(table)
+        Console(width=150).print(table)
     except ImportError:
         for r in rows:
             print(r)
