@@ -114,15 +114,17 @@ def test_bytes_are_the_collectives(exchanged: list[Any]) -> None:
 PLUGIN_STEPS = 5
 
 
-def reference(chain_spec: list[str], feedback: str, sign_result: bool, k: int = 2) -> list[torch.Tensor]:
-    """K model copies; each step every copy's gradient goes through `simulate`, then each steps."""
-    models, opts = make_workers(k, "sgd")
+def reference(chain_spec: list[str], feedback: str, sign_result: bool, k: int = 2, steps: int = PLUGIN_STEPS,
+              kind: str = "sgd") -> list[torch.Tensor]:
+    """K model copies; each step every copy's gradient goes through `simulate`, then each steps.
+    Worker 0's flat parameters after every step and after the end (the copies stay identical)."""
+    models, opts = make_workers(k, kind)
     chain = build_chain(chain_spec)
     mems = [Memory(feedback) for _ in range(k)]
     sizes = [p.numel() for p in models[0].parameters()]
     shapes = [tuple(p.shape) for p in models[0].parameters()]
     out = []
-    for step in range(PLUGIN_STEPS):
+    for step in range(steps):
         grads = []
         for w, (m, o) in enumerate(zip(models, opts)):
             grad_step(m, o, *worker_batch(w, step, k))
@@ -136,7 +138,7 @@ def reference(chain_spec: list[str], feedback: str, sign_result: bool, k: int = 
                 offset += p.numel()
             o.step()
         out.append(torch.cat([p.detach().reshape(-1) for p in models[0].parameters()]))
-    return out
+    return out + [out[-1]]
 
 
 PLUGIN_CASES = [(["topk:0.1"], "ef", False), (["qsgd:4:128"], "none", False), (["signmv"], "momentum:0.9", False),
@@ -153,6 +155,6 @@ def test_plugin_equals_k_model_copies() -> None:
     for case, (chain, feedback, sign) in enumerate(PLUGIN_CASES):
         ref = reference(chain, feedback, sign)
         for rank in range(2):
-            for step in range(PLUGIN_STEPS):
+            for step in range(PLUGIN_STEPS + 1):
                 assert torch.allclose(runs[rank][case][step], ref[step], atol=1e-5), (chain, feedback, step)
         assert torch.equal(runs[0][case][-1], runs[1][case][-1])
