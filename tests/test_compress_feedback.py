@@ -158,3 +158,18 @@ def test_plugin_equals_k_model_copies() -> None:
             for step in range(PLUGIN_STEPS + 1):
                 assert torch.allclose(runs[rank][case][step], ref[step], atol=1e-5), (chain, feedback, step)
         assert torch.equal(runs[0][case][-1], runs[1][case][-1])
+
+
+def test_samomentum_memory_is_dgs_rule() -> None:
+    """`feedback=samomentum:M` with `topk:D` is DGS's SAMomentum (`compressors.samomentum_`), bit for bit."""
+    from dist_algos.compressors import samomentum_
+
+    chain, mem = build_chain(["topk:0.1"]), Memory("samomentum:0.9")
+    velocity = torch.zeros(sum(SIZES))
+    for step in range(STEPS):
+        x = x_of(0, step)
+        idx, values = samomentum_(velocity, x, 0.9, SIZES, 0.1)
+        sent = torch.zeros(sum(SIZES)).index_put_((idx,), values)
+        got = simulate(chain, [mem], [x], SIZES, step)[0]
+        assert torch.equal(got, sent)
+        assert torch.equal(mem.local, velocity)
