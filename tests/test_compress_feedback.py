@@ -145,14 +145,33 @@ PLUGIN_CASES = [(["topk:0.1"], "ef", False), (["qsgd:4:128"], "none", False), ([
                 (["dct_topk:8:4"], "decayed:0.9", True)]
 
 
+#: per-layer rules give the same result bucket by bucket: overlapped runs against the same reference,
+#: with buckets small enough (512 bytes, the first 102) that the test model is cut into several
+OVERLAP_CASES = [(["topk:0.1"], "ef", False), (["sign"], "ef", False), (["signmv"], "momentum:0.9", False)]
+SMALL_BUCKETS = {"overlap": True, "bucket_mb": 0.5 / 1024, "first_bucket_mb": 0.1 / 1024}
+
+
 def plugin_in_rank(rank: int, world: int) -> list[list[torch.Tensor]]:
-    return [plugin_trajectory(rank, world, "compressed", {"compress": c, "feedback": f, "sign_result": s},
-                              PLUGIN_STEPS, "sgd") for c, f, s in PLUGIN_CASES]
+    plain = [plugin_trajectory(rank, world, "compressed", {"compress": c, "feedback": f, "sign_result": s},
+                               PLUGIN_STEPS, "sgd") for c, f, s in PLUGIN_CASES]
+    overlapped = [plugin_trajectory(rank, world, "compressed", {"compress": c, "feedback": f, "sign_result": s,
+                                                                **SMALL_BUCKETS}, PLUGIN_STEPS, "sgd")
+                  for c, f, s in OVERLAP_CASES]
+    return plain + overlapped
+
+
+def test_overlap_cuts_the_model_into_several_buckets() -> None:
+    from dist_algos.grad_buckets import MIB, assign_buckets
+    from tests.plugin_harness import make_model
+
+    sizes = [((torch.float32, "cpu"), p.numel() * 4) for p in make_model().parameters()]
+    caps = (int(SMALL_BUCKETS["first_bucket_mb"] * MIB), int(SMALL_BUCKETS["bucket_mb"] * MIB))
+    assert len(assign_buckets(sizes, caps)) >= 3
 
 
 def test_plugin_equals_k_model_copies() -> None:
     runs = run_ranks(plugin_in_rank, 2, timeout=300)
-    for case, (chain, feedback, sign) in enumerate(PLUGIN_CASES):
+    for case, (chain, feedback, sign) in enumerate(PLUGIN_CASES + OVERLAP_CASES):
         ref = reference(chain, feedback, sign)
         for rank in range(2):
             for step in range(PLUGIN_STEPS + 1):

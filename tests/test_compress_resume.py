@@ -31,3 +31,17 @@ def test_recipe_resumes_bit_exact(recipe: str, tmp_path: Path) -> None:
     diffs = run_ranks(resume_scenario, world, overrides(recipe), str(tmp_path), timeout=400)
     for rank, d in enumerate(diffs):
         assert not d, f"{recipe} rank {rank}: resumed state differs at {d[:10]}"
+
+
+#: composed configurations that are no recipe: the bucket-overlapped exchange (several buckets)
+EXTRA = {"compressed_overlap": ["algo=compressed", "algo.overlap=true", "algo.bucket_mb=0.01",
+                                "algo.first_bucket_mb=0.002", "algo.compress=[topk:0.05]", "algo.feedback=ef"]}
+
+
+@pytest.mark.parametrize("name", sorted(EXTRA))
+def test_composed_config_resumes_bit_exact(name: str, tmp_path: Path) -> None:
+    args = EXTRA[name] + [f"train.max_steps={STEPS}", "train.eval_every_steps=20", "train.log_every_steps=5",
+                          "model.width=8", "checkpoint.every_epochs=1"]
+    diffs = run_ranks(resume_scenario, 2, args, str(tmp_path), timeout=400)
+    for rank, d in enumerate(diffs):
+        assert not d, f"{name} rank {rank}: resumed state differs at {d[:10]}"
