@@ -20,63 +20,16 @@ where the reference code's threshold `|x| > kth value` sends fewer than k when v
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 
+# The selection is the compressor zoo's top-k (dist_algos.compress.topk), the same code for the
+# parameter-server family and for `algo.compress=[topk:D]`; SAMomentum's residual rule likewise.
+from dist_algos.compress.memory import samomentum_keep_
+from dist_algos.compress.topk import SAMPLE_SIZE, SAMPLED_MIN, _topk_indices, layer_k, topk_per_layer  # noqa: F401
+
 Selection = tuple[torch.Tensor, torch.Tensor]  # (int64 flat indices, values)
-
-
-def layer_k(sizes: Sequence[int], density: float) -> list[int]:
-    """Entries each layer sends: max(1, int(density x n)), at most n."""
-    return [min(n, max(1, int(density * n))) for n in sizes]
-
-
-#: Layers at least this large select through a sampled threshold first (see `_topk_indices`).
-SAMPLED_MIN = 65536
-SAMPLE_SIZE = 16384
-
-
-def _topk_indices(magnitude: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the k largest entries that are not zero, ascending. Exact; fast for large
-    sparse selections.
-
-    A full `torch.topk` of 1% of a 2.4M-entry layer takes ~50 ms on a CPU core. Instead, a
-    strided sample gives a threshold that about 2k entries exceed; the k largest of those
-    candidates are the k largest overall whenever there are at least k of them (every entry of
-    the top k is at least the k-th largest value, which is at least the threshold). Otherwise,
-    or for small layers, plain topk. Zeros are left out (sending one changes nothing): a server's
-    reply to a worker that is nearly up to date is mostly zeros.
-    """
-    n = magnitude.numel()
-    if n >= SAMPLED_MIN and 8 * k <= n:
-        sample = magnitude[::max(1, n // SAMPLE_SIZE)]
-        above = min(sample.numel(), max(1, math.ceil(2 * k * sample.numel() / n)))
-        threshold = torch.topk(sample, above, sorted=False).values.min()
-        candidates = torch.nonzero(magnitude >= threshold if threshold > 0 else magnitude > 0).flatten()
-        if candidates.numel() >= k or threshold == 0:
-            if candidates.numel() > k:
-                candidates = candidates[torch.topk(magnitude[candidates], k, sorted=False).indices]
-            return candidates.sort().values
-    idx = torch.topk(magnitude, k, sorted=False).indices
-    return idx[magnitude[idx] > 0].sort().values
-
-
-def topk_per_layer(x: torch.Tensor, sizes: Sequence[int], density: float) -> torch.Tensor:
-    """Flat indices of the k largest |x| of each layer (ascending within a layer)."""
-    picked = []
-    offset = 0
-    for n, k in zip(sizes, layer_k(sizes, density)):
-        if k >= n:
-            idx = torch.arange(n, device=x.device)
-        else:
-            idx = _topk_indices(x[offset:offset + n].abs(), k)
-        picked.append(idx + offset)
-        offset += n
-    if offset != x.numel():
-        raise ValueError(f"layer sizes add up to {offset}, the vector has {x.numel()} entries")
-    return torch.cat(picked) if picked else torch.zeros(0, dtype=torch.long, device=x.device)
 
 
 def gradient_dropping_(residual: torch.Tensor, update: torch.Tensor, sizes: Sequence[int],
@@ -113,8 +66,7 @@ def samomentum_(velocity: torch.Tensor, step: torch.Tensor, momentum: float, siz
     velocity.mul_(momentum).add_(step)
     idx = topk_per_layer(velocity, sizes, density)
     values = velocity[idx]
-    velocity.div_(momentum)
-    velocity[idx] = values
+    samomentum_keep_(velocity, idx, values, momentum)
     return idx, values
 
 

@@ -19,8 +19,14 @@ inner steps, each one for a single fragment in turn: the k-th (k = 0, 1, ...) co
 (k + 1) H/F steps and handles fragment k mod F, so fragment f is synchronised after
 (f + 1) H/F + n H steps (n = 0, 1, ...): every fragment every H steps, the peak bandwidth F times
 lower. At the end of training every fragment with inner steps since its last outer step takes
-one more, so the final model is one global model. The paper's overlap of communication with
-the next inner steps and its low-precision outer gradients are not modelled here.
+one more, so the final model is one global model.
+
+Composed outer step (issue 22, `dist_algos.compress.outer`): `outer_compress` sends the outer
+gradient through a compressor chain with `outer_feedback` (SparseLoCo: top-k, 2-bit values,
+decayed error feedback; Streaming DiLoCo's low-precision outer gradients: int8/fp8 blocks);
+`overlap_steps` = tau applies a fragment's new global values tau inner steps after its
+synchronisation started (the workers keep training meanwhile), mixed with the local values by
+`mixing` = alpha (Streaming DiLoCo's merge). With all four off the plain path above runs.
 
 Evaluation uses the global model (identical on every rank, no communication), with BatchNorm
 statistics per `bn` as in local SGD: `local` (worker 0's), `average` (averaged at every outer
@@ -29,7 +35,7 @@ step), `recompute` (re-estimated for the global weights).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
@@ -41,6 +47,7 @@ from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, Scenario, StepContext, TrainInfo
 from dist_algos.comm import allreduce_bytes
 from dist_algos.flat import FlatBuffer, average_
+from dist_algos.compress.outer import OuterExchange, check_outer_options
 from dist_algos.local_sgd import LocalModelConfig, LocalSGD
 from dist_algos.sync_schedule import SyncRule
 
@@ -55,6 +62,10 @@ class DiLoCoConfig(LocalModelConfig):
     outer_momentum: float = option(0.9, ge=0, lt=1)  # outer SGD momentum (paper: 0.9)
     nesterov: bool = True  # Nesterov outer momentum (paper: yes)
     fragments: int = option(1, ge=1)  # Streaming DiLoCo: F fragments, one synchronised every H/F steps
+    outer_compress: list[str] = field(default_factory=list)  # compress the outer gradient (dist_algos.compress); []: exact
+    outer_feedback: str = "none"  # its error feedback: none | ef | ef21 | decayed:BETA (SparseLoCo) | momentum:BETA
+    overlap_steps: int = option(0, ge=0)  # Streaming DiLoCo's tau: a fragment's update lands tau inner steps after its sync
+    mixing: float = option(0.0, ge=0, le=1)  # Streaming DiLoCo's alpha: local = alpha local + (1 - alpha) global on landing
 
 
 @register_algorithm("diloco")
@@ -74,6 +85,7 @@ class DiLoCo(LocalSGD):
         if cfg.inner_steps % cfg.fragments:
             raise UserError(f"algo.fragments={cfg.fragments} must divide algo.inner_steps={cfg.inner_steps} "
                             "(one fragment is synchronised every inner_steps / fragments steps)")
+        check_outer_options(cfg)
 
     def sync_rule(self, info: TrainInfo) -> SyncRule:
         """A synchronisation (of one fragment) every H / F steps, the last one at the last step."""
@@ -96,11 +108,16 @@ class DiLoCo(LocalSGD):
         self.global_views = global_views(model, self.flat, self.global_model)
         self.next_fragment = 0
         self.pending = [False] * self.cfg.fragments  # inner steps taken since the fragment's outer step
+        # compressed outer gradients, overlap and mixing (issue 22); None when all are off
+        self.outer = OuterExchange.build(self.cfg, [self.params[r] for r in ranges], self.fragment_spans,
+                                         self.world, self.ctx.rank)
 
     # ---- training ---------------------------------------------------------------------------
     def step(self, ctx: StepContext) -> None:
         self.pending = [True] * self.cfg.fragments
         super().step(ctx)  # the inner step; `sync_round` when a synchronisation is due
+        if self.outer is not None:
+            self.outer.land_due(self.flat, ctx.step + 1)
 
     def sync_round(self) -> None:
         """The round hook: the outer step of the next fragment."""
@@ -110,6 +127,9 @@ class DiLoCo(LocalSGD):
     def _outer_step(self, fragments: list[int]) -> None:
         """Average the fragments' parameters over the workers, apply the outer optimizer to them,
         restart every worker from the new global values (one synchronisation)."""
+        if self.outer is not None:
+            self._outer_step_composed(fragments)
+            return
         spans = [s for f in fragments for s in self.fragment_spans[f]]
         pieces = [self.flat.buffers[i][lo:hi] for i, lo, hi in spans + self.stat_spans]
         if self.world > 1:
@@ -127,6 +147,35 @@ class DiLoCo(LocalSGD):
             self.pending[f] = False
         self.synced = not any(self.pending)
 
+    def _outer_step_composed(self, fragments: list[int]) -> None:
+        """The outer step with a compressed outer gradient and/or Streaming DiLoCo's overlap: each
+        fragment's outer gradient (global - local) goes through the chain; the outer optimizer
+        moves the global model by the combined one; the workers take it up now or `overlap_steps`
+        inner steps later, mixed with their local values by `mixing`."""
+        assert self.outer is not None
+        cfg = self.cfg
+        pieces = [self.flat.buffers[i][lo:hi] for i, lo, hi in self.stat_spans]
+        if pieces and self.world > 1:
+            average_(pieces, None, self.world, bucket_bytes=self.bucket_bytes)
+        sent = allreduce_bytes(sum(t.numel() * t.element_size() for t in pieces), self.world)
+        for f in fragments:
+            with self.comm.timed():
+                combined, nbytes = self.outer.exchange(f, self.flat, self.global_model, self.step_now)
+            sent += nbytes
+            at = 0
+            for i, lo, hi in self.fragment_spans[f]:
+                g = combined[at:at + hi - lo].to(self.global_model[i].dtype)
+                averaged = self.global_model[i][lo:hi] - g  # what the workers' mean would be
+                outer_step_(self.global_model[i][lo:hi], self.outer_momentum_buffer[i][lo:hi], averaged,
+                            cfg.outer_lr, cfg.outer_momentum, cfg.nesterov)
+                at += hi - lo
+            self.outer.schedule(f, self.flat, self.global_model, self.step_now + 1)
+            self.pending[f] = False
+        for i, lo, hi in self.stat_spans:
+            self.global_model[i][lo:hi].copy_(self.flat.buffers[i][lo:hi])
+        self.comm.add(sent=sent, recv=sent, syncs=1)
+        self.synced = not any(self.pending) and not self.outer.in_flight()
+
     # ---- evaluation and the end -------------------------------------------------------------
     def eval_model(self, model: nn.Module) -> Optional[nn.Module]:
         """The global model (the same on every rank), BatchNorm statistics per `bn`."""
@@ -143,10 +192,14 @@ class DiLoCo(LocalSGD):
         model is the global model; then its BatchNorm statistics per `bn`."""
         if self.finalized:
             return
+        if self.outer is not None:  # updates still in flight land now (their communication ends)
+            self.outer.land_due(self.flat, None)
         pending = [f for f, due in enumerate(self.pending) if due]
         if pending:
             local_steps = self.local_steps
             self._outer_step(pending)
+            if self.outer is not None:
+                self.outer.land_due(self.flat, None)
             if local_steps:
                 self._after_sync(self.info.total_steps, local_steps)
         self._settle_bn(model)
@@ -154,9 +207,12 @@ class DiLoCo(LocalSGD):
 
     # ---- state and reporting ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "global_model": [t.clone() for t in self.global_model],
-                "outer_momentum": [t.clone() for t in self.outer_momentum_buffer],
-                "next_fragment": self.next_fragment, "pending": list(self.pending)}
+        state = {**super().state_dict(), "global_model": [t.clone() for t in self.global_model],
+                 "outer_momentum": [t.clone() for t in self.outer_momentum_buffer],
+                 "next_fragment": self.next_fragment, "pending": list(self.pending)}
+        if self.outer is not None:
+            state["outer"] = self.outer.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
@@ -165,6 +221,11 @@ class DiLoCo(LocalSGD):
             mine.copy_(saved)
         self.next_fragment = int(state["next_fragment"])
         self.pending = [bool(p) for p in state["pending"]]
+        if self.outer is not None:
+            if "outer" not in state:
+                raise UserError("resume: the checkpoint has no compressed outer-gradient state; resume with "
+                                "algo.outer_compress=[] algo.overlap_steps=0 algo.mixing=0")
+            self.outer.load_state_dict(state["outer"])
 
     def metrics(self) -> dict[str, float]:
         return {}

@@ -51,6 +51,8 @@ from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, Scenario, StepContext, TrainInfo
 from dist_algos.bn_stats import bn_statistics, float_buffers, recompute_bn_statistics
 from dist_algos.comm import allreduce_bytes
+from dist_algos.compress import build_chain, check_chain
+from dist_algos.compress.model_delta import ModelDelta
 from dist_algos.flat import BUCKET_BYTES, FlatBuffer, Slot, average_, flat_grads
 from dist_algos.sync_schedule import SCHEDULES, SyncRule
 from core.errors import UserError
@@ -81,6 +83,8 @@ class LocalSGDConfig(LocalModelConfig):
     power: float = 2.0  # qsr; linear forces 1
     switch_step: int = 0  # post_local: synchronous data parallelism before this step
     average_optimizer_fields: list[str] = field(default_factory=list)  # momentum_buffer, exp_avg, exp_avg_sq
+    compress: list[str] = field(default_factory=list)  # compress the averaged model delta (dist_algos.compress); []: exact average
+    feedback: str = "none"  # error feedback of that compression: none | ef | ef21 | decayed:BETA | momentum:BETA
 
 
 def check_local_model_options(cfg: LocalModelConfig) -> None:
@@ -139,6 +143,10 @@ class LocalSGD(DistAlgorithm):
         if bad or len(set(fields)) != len(fields):
             raise UserError(f"algo.average_optimizer_fields={list(fields)}: use distinct entries of "
                             f"{', '.join(OPTIMIZER_FIELDS)}")
+        check_chain(cfg.compress, cfg.feedback)
+        if build_chain(cfg.compress) is not None and (cfg.bn == "average" or fields):
+            raise UserError("algo.compress compresses the parameters' delta only: use it with algo.bn=local or "
+                            "recompute and no algo.average_optimizer_fields")
 
     # ---- set-up -----------------------------------------------------------------------------
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: TrainInfo) -> None:
@@ -164,6 +172,10 @@ class LocalSGD(DistAlgorithm):
         self.eval_bytes = 0
         self.finalized = False
         self._scratch: Optional[nn.Module] = None
+        self.step_now = 0
+        # compressed model deltas (issue 22); None: the exact average of the flat buffer
+        self.delta = ModelDelta.build(getattr(cfg, "compress", None), getattr(cfg, "feedback", "none"),
+                                      self.params, self.world, self.ctx.rank)
 
     def sync_rule(self, info: TrainInfo) -> SyncRule:
         """When the workers average (a subclass with its own schedule options overrides this)."""
@@ -187,7 +199,13 @@ class LocalSGD(DistAlgorithm):
     def sync_round(self) -> None:
         """The round hook: one synchronisation of the workers, at the end of a round of the sync
         rule and at `finalize` if steps are left over. Here the average of `averaged_state()`;
-        DiLoCo's outer step overrides it. Sets `synced`."""
+        DiLoCo's outer step overrides it. With `compress` set, the averaged model delta goes
+        through the compression chain instead (dist_algos/compress/model_delta.py). Sets `synced`."""
+        if self.delta is not None:
+            nbytes = self.delta.average_(self.step_now)
+            self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
+            self.synced = True
+            return
         self._average(self.averaged_state())
         self.synced = True
 
@@ -218,6 +236,7 @@ class LocalSGD(DistAlgorithm):
     # ---- training ---------------------------------------------------------------------------
     def step(self, ctx: StepContext) -> None:
         steps_done = ctx.step + 1
+        self.step_now = ctx.step
         if self.rule.parallel_at(ctx.step):
             assert self.grads is not None
             self._average(self.grads)
@@ -310,9 +329,12 @@ class LocalSGD(DistAlgorithm):
 
     # ---- state and reporting ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"period": self.period, "local_steps": self.local_steps, "synced": self.synced,
-                "rounds": [list(r) for r in self.rounds], "eval_syncs": self.eval_syncs,
-                "eval_bytes": self.eval_bytes, "finalized": self.finalized}
+        state = {"period": self.period, "local_steps": self.local_steps, "synced": self.synced,
+                 "rounds": [list(r) for r in self.rounds], "eval_syncs": self.eval_syncs,
+                 "eval_bytes": self.eval_bytes, "finalized": self.finalized}
+        if self.delta is not None:
+            state["delta"] = self.delta.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.period = int(state["period"])
@@ -322,6 +344,10 @@ class LocalSGD(DistAlgorithm):
         self.eval_syncs = int(state["eval_syncs"])
         self.eval_bytes = int(state["eval_bytes"])
         self.finalized = bool(state["finalized"])
+        if self.delta is not None:
+            if "delta" not in state:
+                raise UserError("resume: the checkpoint has no compressed-delta state; resume with its algo.compress=[]")
+            self.delta.load_state_dict(state["delta"])
 
     def metrics(self) -> dict[str, float]:
         return {"H": float(self.period)}

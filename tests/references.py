@@ -59,6 +59,18 @@ def _msgd(overrides: dict[str, Any], world: int, steps: int, kind: str) -> Traje
 MSGD = Reference(_msgd)
 
 
+# ---- compressed gradient exchange (dist_algos/compress) -----------------------------------------
+def _compressed(overrides: dict[str, Any], world: int, steps: int, kind: str) -> Trajectories:
+    from tests.test_compress_feedback import reference
+
+    traj = reference(overrides.get("compress", ["topk:0.01"]), overrides.get("feedback", "ef"),
+                     overrides.get("sign_result", False), k=world, steps=steps, kind=kind)
+    return [traj] * world  # every rank steps on the same combined gradient
+
+
+COMPRESSED = Reference(_compressed, steps=5)
+
+
 # ---- model averaging: local SGD, DiLoCo -----------------------------------------------------------
 def _local_sgd(overrides: dict[str, Any], world: int, steps: int, kind: str) -> Trajectories:
     from tests import test_local_sgd as t
