@@ -117,7 +117,7 @@ def test_per_row_baselines_time_to_target_and_speedup_plot(tmp_path: Path) -> No
 
     rows = [RowConfig(label=f"{algo}_{bw:g}", baseline=f"slow_{bw:g}", x=bw, series=algo)
             for bw in (100.0, 1000.0) for algo in ("slow", "fast")]
-    table = TableConfig(name="t", rows=rows, target_acc=0.9, columns=["test_acc", "updates_per_s", "time_to_target_s"],
+    table = TableConfig(name="t", rows=rows, target_acc=0.9, target_metric="test_acc", columns=["test_acc", "updates_per_s", "time_to_target_s"],
                         ratios=["updates_per_s"], plots=["speedup:updates_per_s", "wall"], x_label="Mbit/s")
     rate = {"slow_100": 10.0, "fast_100": 80.0, "slow_1000": 50.0, "fast_1000": 100.0}
     for row in rows:
