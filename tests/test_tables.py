@@ -139,8 +139,11 @@ def test_per_row_baselines_time_to_target_and_speedup_plot(tmp_path: Path) -> No
     assert [p.name for p in made] == ["speedup_updates_per_s.png", "accuracy_wall.png"]
 
 
-def test_comm_table_has_a_row_for_every_registered_algorithm() -> None:
-    """table=comm_cpu compares every method: a newly registered plugin must get its row."""
+@pytest.mark.parametrize("name", ["comm_cpu", "head_to_head_cpu"])
+def test_comm_table_has_a_row_for_every_registered_algorithm(name: str) -> None:
+    """table=comm_cpu (and head_to_head_cpu) compare every method: each registered plugin's row
+    comes from its CPU recipe, recipes/cpu/<algo>.yaml (a missing one fails load_table with a line
+    naming the file), and every row's recipe must train the table's task."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -153,15 +156,21 @@ def test_comm_table_has_a_row_for_every_registered_algorithm() -> None:
     assert cli.register_schemas
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        table = load_table(compose(config_name="config", overrides=["table=comm_cpu"]).table)
+        table = load_table(compose(config_name="config", overrides=[f"table={name}"]).table)
+        want = table.row_constraints or {"model": "small_cnn", "data": "digits", "epochs": 30, "global_batch": 128,
+                                         "nproc": 4}
         algos = set()
         for row in table.rows:
             args = ([f"recipe={row.recipe}"] if row.recipe else []) + [*table.overrides, *row.overrides]
             rc = load_run_config(compose(config_name="config", overrides=args))
             algos.add(rc.algo.name)
-            assert (rc.model["name"], rc.data.name, rc.train.epochs) == ("small_cnn", "digits", 30), row.label
-            assert rc.launch.nproc == (1 if rc.algo.name == "msgd" else 4), row.label
-            assert rc.train.batch_size * rc.launch.nproc == 128, row.label  # 4 x 32, or msgd's 1 x 128
+            fix = (f"{row.label}: its recipe recipes/{row.recipe}.yaml must train {want} "
+                   f"(msgd: 1 process at batch 128; parameter servers: rank 0 serves)")
+            if name == "comm_cpu":
+                assert (rc.model["name"], rc.data.name, rc.train.epochs) == (want["model"], want["data"],
+                                                                             want["epochs"]), fix
+            assert rc.launch.nproc == (1 if rc.algo.name == "msgd" else want["nproc"]), fix
+            assert rc.train.batch_size * rc.launch.nproc == want["global_batch"], fix  # 4 x 32, or msgd's 1 x 128
     assert algos == set(list_algorithms())
 
 

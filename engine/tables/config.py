@@ -8,8 +8,8 @@ The rows a table runs are its listed rows expanded (`expand_rows`): `every_algor
 one row per registered algorithm from its CPU recipe, `recipes/cpu/<algo>.yaml`, and one per
 other recipe in that folder (methods composed from an algorithm, e.g. a compressor); `variants`
 repeats every row under each named set of overrides (IID and skewed data side by side);
-`budget` puts every row on the same `train.budget_*`; `quick: true` keeps `quick_rows`, the first
-seed and no tuning, for a test or CI.
+`budget` puts every row on the same `train.budget_*`; `quick: true` keeps `quick_rows` (and the
+baseline row), the first seed and no tuning, for a test or CI.
 """
 from __future__ import annotations
 
@@ -58,8 +58,10 @@ class TableConfig(Section):
     rows: list[RowConfig] = field(default_factory=list)
     # summary.json keys shown per row, plus time_to_target_s (needs target_acc); ratios: those
     # divided by the baseline row's
-    columns: list[str] = field(default_factory=lambda: ["test_acc", "best_test_acc", "steps", "syncs", "comm_bytes",
-                                                        "wall_s", "samples_per_s"])
+    # (selection on validation: the best evaluation by val_acc and the test accuracy there, never
+    # the best test accuracy)
+    columns: list[str] = field(default_factory=lambda: ["test_acc", "val_acc", "best_val_acc", "test_acc_at_best",
+                                                        "steps", "syncs", "comm_bytes", "wall_s", "samples_per_s"])
     ratios: list[str] = field(default_factory=lambda: ["syncs", "comm_bytes", "wall_s", "samples_per_s"])
     target_acc: Optional[float] = option(None, gt=0, le=1)  # time_/bytes_to_target: first eval reaching this
     target_metric: str = "val_acc"  # the eval records' metric that target_acc applies to (validation)
@@ -106,17 +108,19 @@ def algorithm_rows(folder: Path = CPU_RECIPES) -> list[RowConfig]:
 
 def expand_rows(table: TableConfig) -> TableConfig:
     """The rows the table runs: listed rows, every-algorithm rows (a listed row with the same label
-    wins), each under every variant (label `<row>@<variant>`, baseline the variant's baseline),
+    replaces its algorithm's), each under every variant (label `<row>@<variant>`, baseline the variant's baseline),
     the table-wide budget, and the quick form."""
     rows = list(table.rows)
-    if table.every_algorithm:
-        listed = {r.label for r in rows}
-        rows += [r for r in algorithm_rows() if r.label not in listed]
+    if table.every_algorithm:  # registry order; a listed row takes its algorithm's place
+        listed = {r.label: r for r in rows}
+        found = algorithm_rows()
+        rows = [listed.get(r.label, r) for r in found] + [r for r in rows if r.label not in {f.label for f in found}]
     if table.quick:
         unknown = sorted(set(table.quick_rows) - {r.label for r in rows})
         if unknown:
             raise UserError(f"table {table.name}: quick_rows {unknown} are not row labels")
-        rows = [replace(r, tune={}) for r in rows if r.label in table.quick_rows]
+        keep = {*table.quick_rows, *([table.baseline] if table.baseline else [])}  # ratios need the baseline
+        rows = [replace(r, tune={}) for r in rows if r.label in keep]
     budget = [f"{k}={v}" for k, v in table.budget.items()]
     for key in table.budget:
         if not re.fullmatch(r"train\.budget_(samples|bytes|wall_s)", key):

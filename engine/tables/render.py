@@ -15,7 +15,7 @@ from engine.tables.stats import LEVEL, difference, half_width
 from engine.tables.tuning import Tuned, setting_name
 
 #: the default columns of table.csv, after the label (TableConfig.columns); ratios and paper columns follow
-METRICS = ["test_acc", "best_test_acc", "steps", "syncs", "comm_bytes", "wall_s", "samples_per_s"]
+METRICS = ["test_acc", "val_acc", "best_val_acc", "test_acc_at_best", "steps", "syncs", "comm_bytes", "wall_s", "samples_per_s"]
 RATIOS = ["syncs", "comm_bytes", "wall_s", "samples_per_s"]
 NOT_REACHED = "not reached"
 
