@@ -180,3 +180,24 @@ def test_pareto_front_keeps_the_rows_no_other_beats_on_both() -> None:
     points = [(10.0, 0.99), (1.0, 0.95), (5.0, 0.99), (0.0, 0.90), (5.0, 0.97), (20.0, 0.995), (30.0, 0.99)]
     assert pareto_front(points) == [3, 1, 2, 5]  # by increasing cost; (10, 0.99) ties (5, 0.99) at more cost
     assert pareto_front([]) == []
+
+
+def test_head_to_head_quick_form_runs_end_to_end(cli_env: dict, tmp_path: Path) -> None:
+    """`table=head_to_head_cpu table.quick=true` as CI runs it (a few minutes here): both partitions,
+    one seed, no tuning, every row ended by the same sample budget; rerun, nothing trains again."""
+    out = tmp_path / "quick"
+    args = ["table=head_to_head_cpu", "table.quick=true", f"hydra.run.dir={out}"]
+    proc = run_cli(args, cli_env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = read_csv(out / "table.csv")
+    assert sorted(rows) == sorted(f"{a}@{v}" for a in ("allreduce", "local_sgd", "dgc") for v in ("iid", "dir0.1"))
+    for label in rows:
+        summary = json.loads((out / label / "seed_0" / "summary.json").read_text())
+        assert summary["stop_reason"] == "budget_samples" and summary["budget"]["samples"] == 6000, label
+        per_step = summary["spent"]["samples"] / summary["steps"]
+        assert 6000 <= summary["spent"]["samples"] < 6000 + per_step, label  # the first step past the budget
+        assert "val_acc" in summary and not (out / label / "tune").exists(), label
+    assert rows["dgc@dir0.1"]["baseline"] == "allreduce@dir0.1"
+    assert (out / "pareto.png").is_file() and (out / "accuracy.png").is_file()
+    again = run_cli(args, cli_env, timeout=300)
+    assert again.returncode == 0 and again.stdout.count("already complete") == 6

@@ -154,6 +154,8 @@ def run_table(node: DictConfig, out: Path) -> int:
     for label, result in tuned.items():  # a row whose grid could not choose: failed
         if result.winner is None:
             status.update({(label, s): "failed" for s in table.seeds})
+            print(f"{label}: no setting of its grid has {table.select_metric} on every tuning seed (failed runs, "
+                  f"or no validation split: data.val_fraction=0); the row is not run", flush=True)
     failed_tuning = [name for name, state in tune_status.items() if state != "done"]
     records = gather(table, out, status, tuned)
     markdown = render_markdown(table, records, tuned, failed_tuning)

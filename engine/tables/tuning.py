@@ -47,7 +47,7 @@ def tune_dir(out: Path, label: str, setting: Setting, seed: int) -> RunDir:
 @dataclass
 class Tuned:
     """A row's grid, each setting's mean selection metric over the tuning seeds (None: a run is
-    missing), and the winner (None until every setting has a mean, or if none has)."""
+    missing or failed), and the winner among the settings with a mean (None if none has one)."""
     metric: str
     results: list[tuple[Setting, Optional[float], int]]  # setting, mean, runs found
     winner: Optional[Setting]
