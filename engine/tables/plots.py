@@ -159,30 +159,40 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
 
 def _pareto_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> Any:
     """Final test accuracy against communicated MB (symlog: a one-process row sends nothing), the
-    Pareto front as a step line through its rows. Rows are numbered by bytes next to their points
+    Pareto front as a step line through its rows (one front per variant). Rows are numbered by bytes next to their points
     and listed beside the axes (15 names near one another overprint; numbers stay readable)."""
     ok = sorted((r for r in records if r.get("test_acc") is not None and r.get("comm_bytes") is not None),
                 key=lambda r: r["comm_bytes"])
     points = [(r["comm_bytes"] / 1e6, r["test_acc"]) for r in ok]
-    front = pareto_front(points)
+    # one front per variant (`<row>@<variant>` labels: IID and skewed data are different problems)
+    variants = list(dict.fromkeys(r["label"].partition("@")[2] for r in ok))
+    fronts = {}
+    for v in variants:
+        members = [i for i, r in enumerate(ok) if r["label"].partition("@")[2] == v]
+        fronts[v] = [members[j] for j in pareto_front([points[i] for i in members])]
+    front = [i for f in fronts.values() for i in f]
     fig, ax = plt.subplots(figsize=(11, 5))
     fig.subplots_adjust(left=0.07, right=0.68, top=0.88, bottom=0.11)
     ax.errorbar([x for x, _ in points], [y for _, y in points], fmt="o", ms=4, color="tab:gray", capsize=2,
                 xerr=[(r.get("comm_bytes_ci95") or 0.0) / 1e6 for r in ok],
                 yerr=[r.get("test_acc_ci95") or 0.0 for r in ok], zorder=2)
-    ax.plot([points[i][0] for i in front], [points[i][1] for i in front], "o-", drawstyle="steps-post",
-            color="tab:red", ms=6, zorder=3, label="Pareto front: no row is as accurate with fewer bytes")
+    colours = ["tab:red", "tab:blue", "tab:green", "tab:purple"]
+    for n, (v, members) in enumerate(fronts.items()):
+        ax.plot([points[i][0] for i in members], [points[i][1] for i in members], "o-", drawstyle="steps-post",
+                color=colours[n % len(colours)], ms=6, zorder=3,
+                label=f"Pareto front{f' ({v})' if v else ''}: no row is as accurate with fewer bytes")
     for n, ((x, y), lift) in enumerate(zip(points, _label_lifts([x for x, _ in points])), 1):
         ax.annotate(str(n), (x, y), textcoords="offset points", xytext=(3, 3 + lift), fontsize=7)
     ax.margins(x=0.08, y=0.12)
     bars = " (mean, 95% t interval over seeds)" if len(table.seeds) > 1 else ""
     ax.set(xlabel="communicated MB (all ranks, whole run)", ylabel="final test accuracy" + bars, xscale="symlog")
-    ax.legend(fontsize=8, loc="center left")
+    ax.legend(fontsize=8, loc="best")
     ax.set_title(_title(table, "accuracy against communication"), fontsize=10)
     for n, (rec, (x, y)) in enumerate(zip(ok, points), 1):
         on_front = n - 1 in front
+        colour = colours[variants.index(rec["label"].partition("@")[2]) % len(colours)] if on_front else "black"
         fig.text(0.70, 0.86 - 0.05 * (n - 1) * 15 / max(len(ok), 15), f"{n:>2}  {rec['label']}: {x:.1f} MB, {y:.4f}",
-                 fontsize=8, family="monospace", color="tab:red" if on_front else "black")
+                 fontsize=8, family="monospace", color=colour)
     return fig
 
 

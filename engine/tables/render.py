@@ -104,13 +104,13 @@ def _fmt(value: Any, metric: str, ci: Any = None) -> str:
         text = f"{value / 1e6:.1f} MB"
     elif metric in ("steps", "syncs"):
         text = f"{value:.0f}"
-    elif metric.endswith("acc"):
+    elif "_acc" in metric or metric.endswith("acc"):
         text = f"{value:.4f}"
     elif isinstance(value, float):
         text = f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
     else:
         text = str(value)
-    return f"{text} ± {ci:.4f}" if ci is not None and metric.endswith("acc") else text
+    return f"{text} ± {ci:.4f}" if ci is not None and ("_acc" in metric or metric.endswith("acc")) else text
 
 
 def _fmt_diff(rec: dict[str, Any]) -> str:
@@ -155,6 +155,9 @@ def render_markdown(table: TableConfig, records: list[dict[str, Any]], tuned: Op
     if table.target_acc is not None and {"time_to_target_s", "bytes_to_target"} & set(table.columns):
         lines += [f"time_to_target_s, bytes_to_target: wall-clock and bytes sent (all ranks) of the run at its "
                   f"first evaluation with {table.target_metric} >= {table.target_acc:g}.", ""]
+    if table.quick:
+        lines += [f"**Quick form** (table.quick=true): rows {', '.join(r.label for r in table.rows)}, seed "
+                  f"{table.seeds[0]}, no tuning, overrides {' '.join(table.overrides)}; not the table's result.", ""]
     if len(table.seeds) > 1:
         lines += [f"Cells: mean over seeds {table.seeds} ± the half-width of its {LEVEL:.0%} Student-t interval. "
                   f"The difference from the baseline row is paired by seed (Welch's interval where a row misses "
