@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Optional
 
 import torch
@@ -26,11 +28,12 @@ from data.prefetch import prefetched
 from data.prepared import check_prepared, needs_preparation
 from data.sets import DATASETS, register_dataset
 from data.sets.base import DataSet
+from data.split import split_identity, train_split, validation_rule
 from data.stream import DataRequest, EvalStream, TrainStream
 
-__all__ = ["DATASETS", "DataConfig", "DataRequest", "DataSet", "PathsConfig", "Pipeline", "build_data",
-           "check_data_on_disk", "data_spec", "load_data_config", "num_train_samples", "register_configs",
-           "register_dataset"]
+__all__ = ["DATASETS", "DataConfig", "DataRequest", "DataSet", "DataStreams", "PathsConfig", "Pipeline",
+           "build_data", "build_streams", "check_data_on_disk", "data_spec", "load_data_config",
+           "num_train_samples", "register_configs", "register_dataset", "split_identity", "validation_enabled"]
 
 
 def register_configs() -> None:
@@ -45,11 +48,17 @@ def load_data_config(node: Any) -> DataConfig:
     can be read with the chosen pipeline, whose package is installed."""
     cfg = typed_section(DataConfig, node, "data")
     DATASETS.get(cfg.name).check_config(cfg)
+    validation_rule(cfg)  # two validation sizes at once: one line, before launch
     package = PIPELINES[cfg.pipeline][1]
     if package and importlib.util.find_spec(package.split(".")[0]) is None:
         raise UserError(f"data.pipeline={cfg.pipeline} needs the {package} package, which is not "
                         "installed here; run scripts/setup_env.sh (or pick data.pipeline=torchvision)")
     return cfg
+
+
+def validation_enabled(cfg: DataConfig) -> bool:
+    """Whether the config carves a validation split (selection on; `data.val_*=0` turns it off)."""
+    return validation_rule(cfg) is not None
 
 
 def data_spec(cfg: DataConfig) -> DataSpec:
@@ -81,17 +90,43 @@ def _pipeline_module(pipeline: Pipeline) -> Any:
         torch.set_num_threads(threads)
 
 
-def build_data(cfg: DataConfig, request: DataRequest) -> tuple[Optional[TrainStream], EvalStream]:
-    """(TrainStream or None, EvalStream) for this rank, through the configured pipeline; a
-    pipeline that hands batches over in host memory (`BATCHES_ON_HOST`) gets them copied to a
-    GPU one batch ahead (`data.prefetch`)."""
+@dataclass
+class DataStreams:
+    """What a rank reads: its training shard (None on serving ranks), its slice of the test set
+    and of the validation split (None when validation is off), and the split's record for
+    summary.json (`data.split.TrainSplit.record`)."""
+
+    train: Optional[TrainStream]
+    test: EvalStream
+    val: Optional[EvalStream]
+    split: dict[str, Any] = field(default_factory=dict)
+
+
+def build_streams(cfg: DataConfig, request: DataRequest, with_val: bool = True) -> DataStreams:
+    """This rank's streams through the configured pipeline; a pipeline that hands batches over
+    in host memory (`BATCHES_ON_HOST`) gets them copied to a GPU one batch ahead
+    (`data.prefetch`). The split (validation carve-out, partition) is computed here from the
+    training file's labels, identically on every rank (`data.split`)."""
     module = _pipeline_module(cfg.pipeline)
-    train, evals = module.build(cfg, request)
+    make_split = partial(_split, cfg=cfg, request=request)
+    train, test, val, split = module.build(cfg, request, make_split, with_val)
     if getattr(module, "BATCHES_ON_HOST", False):
-        train, evals = prefetched(train, request.device), prefetched(evals, request.device)
+        train, test = prefetched(train, request.device), prefetched(test, request.device)
+        val = prefetched(val, request.device) if val is not None else None
     if train is not None and train.steps_per_epoch < 1:
         raise UserError(
             f"train.batch_size={request.batch_size} x {request.num_shards} training ranks is more "
-            f"than the {train.num_samples} training samples of {cfg.name}; use fewer ranks or a "
-            "smaller batch")
-    return train, evals
+            f"than the {split.plan.per_shard * request.num_shards} training samples of {cfg.name}; use fewer "
+            "ranks or a smaller batch")
+    return DataStreams(train, test, val, split.record)
+
+
+def _split(labels: Any, cfg: DataConfig, request: DataRequest) -> Any:
+    return train_split(labels, cfg, request.seed, request.num_shards, request.batch_size)
+
+
+def build_data(cfg: DataConfig, request: DataRequest) -> tuple[Optional[TrainStream], EvalStream]:
+    """(TrainStream or None, test EvalStream) for this rank (`build_streams` without the
+    validation stream: for benchmarks and tests of the training side)."""
+    streams = build_streams(cfg, request, with_val=False)
+    return streams.train, streams.test

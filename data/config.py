@@ -24,6 +24,14 @@ class Pipeline(enum.StrEnum):
     device = "device"  # in-memory sets (digits, CIFAR) held on the training device, augmented there in batches
 
 
+class Partition(enum.StrEnum):
+    """How the training part is spread over the training ranks (docs/evaluation.md)."""
+
+    iid = "iid"  # every epoch a fresh seeded permutation, strided over the ranks (as DistributedSampler)
+    dirichlet = "dirichlet"  # each class split over the ranks in Dirichlet(alpha) proportions, fixed for the run
+    classes = "classes"  # each rank holds `classes_per_worker` classes, fixed for the run
+
+
 @dataclass
 class FFCVConfig(Section):
     dir: Optional[str] = None  # holds train.beton, val.beton; None: <data.root>/ffcv
@@ -56,7 +64,15 @@ class DataConfig(Section):
     num_workers: int = option(0, ge=0)  # loader processes per rank (torchvision); threads for FFCV/DALI (0: 1)
     eval_batch_size: Optional[int] = option(None, ge=1)  # None: the training batch size
     test_fraction: float = option(0.2, gt=0, lt=1)  # digits: held-out share, split with split_seed
-    split_seed: int = 0
+    split_seed: int = 0  # also seeds the validation carve-out (one validation set for every run seed)
+    # validation: carved from the training set, stratified by class, disjoint from every rank's
+    # shard (docs/evaluation.md). Set one of the three; 0 in any turns selection off.
+    val_fraction: Optional[float] = option(0.1, ge=0, lt=1)  # share of the training set
+    val_count: Optional[int] = option(None, ge=0)  # samples in all
+    val_per_class: Optional[int] = option(None, ge=0)  # samples of every class (ImageNet)
+    partition: Partition = Partition.iid
+    dirichlet_alpha: float = option(0.5, gt=0)  # smaller: more skewed (data.partition=dirichlet)
+    classes_per_worker: int = option(2, ge=1)  # data.partition=classes
     ffcv: FFCVConfig = field(default_factory=FFCVConfig)
     dali: DALIConfig = field(default_factory=DALIConfig)
 

@@ -1,8 +1,9 @@
 """The interface between a data pipeline and the trainer.
 
 The trainer says what this rank needs (`DataRequest`); a pipeline gives it a `TrainStream`
-(this rank's shard of the training set, as batches from a given position) and an `EvalStream`
-(this rank's slice of the test set). The trainer only ever asks for `batches(epoch, start)`,
+(this rank's shard of the training part, as batches from a given position) and `EvalStream`s
+(this rank's slice of the test set, and of the validation samples carved out of the training
+file: `data.split`). The trainer only ever asks for `batches(epoch, start)`,
 which is all an exact resume needs.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Optional, Protocol
 
 import torch
 
-from data.sampler import eval_slice, shard_indices
+from data.sampler import ShardPlan, eval_slice
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -42,26 +43,28 @@ class TrainStream(Protocol):
 
 
 class EvalStream(Protocol):
-    num_samples: int  # test samples in the whole data set
+    num_samples: int  # samples of the whole evaluation set (test, or validation)
 
     def batches(self) -> Iterator[Batch]:
-        """This rank's slice of the test set (possibly empty)."""
+        """This rank's slice of the evaluation set (possibly empty)."""
         ...
 
 
 class TensorTrainStream:
-    """A training shard over in-memory tensors (the digits set; tests)."""
+    """A training shard over in-memory tensors (the digits set; tests). `plan`: the ranks'
+    orders (`data.sampler.ShardPlan`); None: IID over all of `x`."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int,
-                 shard: int, num_shards: int) -> None:
+                 shard: int, num_shards: int, plan: Optional[ShardPlan] = None) -> None:
         self.x, self.y = x, y
         self.batch_size, self.seed = batch_size, seed
         self.shard, self.num_shards = shard, num_shards
+        self.plan = plan if plan is not None else ShardPlan(len(x), seed, num_shards)
         self.num_samples = len(x)
-        self.steps_per_epoch = (len(x) // num_shards) // batch_size
+        self.steps_per_epoch = self.plan.per_shard // batch_size
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
-        idx = shard_indices(len(self.x), self.seed, epoch, self.shard, self.num_shards)
+        idx = self.plan.order(epoch, self.shard)
         for b in range(start, self.steps_per_epoch):
             sel = idx[b * self.batch_size:(b + 1) * self.batch_size]
             yield self.x[sel], self.y[sel]

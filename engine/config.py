@@ -29,7 +29,7 @@ from dist_algos.base import AlgoConfig
 from engine.launch.config import LaunchConfig, load_launch_config
 from engine.report.metrics import LoggerConfig
 from engine.tables.config import TableConfig
-from engine.train.checkpointer import CheckpointConfig
+from engine.train.checkpointer import CheckpointConfig, check_checkpoint
 from engine.train.config import TrainConfig, check_train
 from engine.train.optim import OptimConfig, SchedConfig, check_optim, check_sched
 
@@ -116,11 +116,13 @@ def load_run_config(cfg: DictConfig) -> RunConfig:
     check_optim(optim)
     check_sched(sched)
     check_train(train)
+    checkpoint = typed_section(CheckpointConfig, cfg.get("checkpoint"), "checkpoint")
+    check_checkpoint(checkpoint)
     run = RunConfig(
         seed=seed, resume=resume, init_from=cfg.get("init_from"), model=model, data=data_cfg,
         algo=dist_algos.load_algo_config(cfg.get("algo")), optim=optim, sched=sched,
         train=train,
-        checkpoint=typed_section(CheckpointConfig, cfg.get("checkpoint"), "checkpoint"),
+        checkpoint=checkpoint,
         launch=load_launch_config(cfg.get("launch")),
         logger=typed_section(LoggerConfig, cfg.get("logger"), "logger"),
         dist=typed_section(DistConfig, cfg.get("dist"), "dist"), raw=cfg,

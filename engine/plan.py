@@ -18,7 +18,7 @@ from core.distenv import plan_devices, sharing_note, visible_gpus
 from core.errors import UserError
 from core.rundir import RunDir
 from core.spec import DataSpec
-from data import check_data_on_disk, data_spec, num_train_samples
+from data import check_data_on_disk, data_spec, num_train_samples, split_identity, validation_enabled
 from dist_algos import get_algorithm
 from dist_algos.base import DistAlgorithm, HyperParams, RankLayout
 from models import check_buildable
@@ -74,7 +74,7 @@ def plan_batch(train: Any, n_train: int) -> BatchPlan:
 def resume_keys(config: RunConfig, world_size: int, algo: type[DistAlgorithm]) -> dict[str, Any]:
     """Settings a resumed run must share with its checkpoint (anything else may be overridden)."""
     return {"world_size": world_size, "model": config.model, "data": config.data.name,
-            "algo_family": algo.family or config.algo.name}
+            "algo_family": algo.family or config.algo.name, "data_split": split_identity(config.data)}
 
 
 def build_plan(config: RunConfig, run_dir: RunDir, world_size: int, ranks_per_node: int) -> RunPlan:
@@ -110,8 +110,17 @@ def preflight(raw: DictConfig, run_dir: RunDir) -> RunPlan:
     announce_devices(config, per_node)
     check_buildable(config.model, plan.spec)
     warn_endless_warmup(plan)
+    warn_no_validation(config)
     check_data_on_disk(config.data)
     return plan
+
+
+def warn_no_validation(config: RunConfig) -> None:
+    """One line when the validation split is off: nothing is selected (no best checkpoint, no
+    best_* in summary.json), and test never stands in for it."""
+    if not validation_enabled(config.data):
+        print("syncopt: warning: no validation split (data.val_*=0): no best checkpoint and no selection; "
+              "the test set is reported but never selects", file=sys.stderr, flush=True)
 
 
 def announce_devices(config: RunConfig, ranks_per_node: int) -> None:

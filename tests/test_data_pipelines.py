@@ -45,8 +45,9 @@ CHILD_TIMEOUT = 240
 def data_overrides(name: str, pipeline: str, root: str) -> list[str]:
     extra = {"imagenet": ["data.image_size=32", f"data.num_classes={FOLDER_CLASSES}", "data.eval_resize=36"]}
     workers = 0 if pipeline == "torchvision" else 1  # torchvision's workers: slow to start in a test rank
+    # validation off: these tests read the whole training file as training shards
     return [f"data={name}", f"data.pipeline={pipeline}", f"paths.data_root={root}", f"data.num_workers={workers}",
-            *extra.get(name, [])]
+            "data.val_fraction=0", *extra.get(name, [])]
 
 
 def data_config(name: str, pipeline: str, root: str, *more: str) -> Any:

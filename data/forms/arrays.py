@@ -26,6 +26,9 @@ class ArraySamples(Samples):
     def __len__(self) -> int:
         return len(self.labels)
 
+    def label_array(self) -> np.ndarray:
+        return np.asarray(self.labels, dtype=np.int64)
+
     def item(self, index: int) -> tuple[np.ndarray, int]:
         return self.images[index], int(self.labels[index])
 

@@ -27,6 +27,11 @@ class Samples(ABC):
         """(image, label) as the data set's torchvision transforms take it."""
 
     @abstractmethod
+    def label_array(self) -> Any:
+        """Every sample's label in index order (a numpy int64 array), read without the images:
+        what `data.split` carves the validation set from and partitions."""
+
+    @abstractmethod
     def ffcv_field(self, ffcv: FFCVConfig) -> Any:
         """The FFCV field the images are written to (called where FFCV is imported)."""
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
+import numpy as np
+
 from core.errors import UserError
 from data.config import FFCVConfig
 from data.forms.base import Samples
@@ -52,6 +54,9 @@ class ImageFolderSamples(Samples):
 
     def __len__(self) -> int:
         return len(self.files)
+
+    def label_array(self) -> np.ndarray:
+        return np.asarray(self.labels, dtype=np.int64)
 
     def item(self, index: int) -> tuple[Any, int]:
         return load_rgb(self.files[index]), self.labels[index]

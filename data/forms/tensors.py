@@ -27,6 +27,9 @@ class TensorSamples(Samples):
     def __len__(self) -> int:
         return len(self.y)
 
+    def label_array(self) -> np.ndarray:
+        return self.y.numpy().astype(np.int64)
+
     def item(self, index: int) -> tuple[torch.Tensor, int]:
         return self.x[index], int(self.y[index])
 

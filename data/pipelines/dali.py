@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -43,9 +43,10 @@ from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
 from data.config import DataConfig
 from data.prepared import check_prepared, needs_preparation, prepared_dir
-from data.sampler import epoch_shards, eval_slice, sample_seeds, shard_indices
+from data.sampler import ShardPlan, eval_slice, sample_seeds
 from data.sets import DATASETS
 from data.sets.base import KeyedDraws
+from data.split import TrainSplit
 from data.stream import Batch, DataRequest
 
 #: the training files are kept in memory once read when all of them together are smaller
@@ -168,16 +169,17 @@ class DALITrainStream:
     while that batch trains and the run evaluates, rather than after."""
 
     def __init__(self, builder: _Builder, files: list[str], labels: list[int], batch_size: int, seed: int,
-                 shard: int, num_shards: int) -> None:
+                 shard: int, num_shards: int, plan: Optional[ShardPlan] = None) -> None:
         self.builder, self.files, self.labels = builder, np.asarray(files), np.asarray(labels)
         self.batch_size, self.seed, self.shard, self.num_shards = batch_size, seed, shard, num_shards
         self.num_samples = len(files)
-        self.steps_per_epoch = (self.num_samples // num_shards) // batch_size
+        self.plan = plan if plan is not None else ShardPlan(self.num_samples, seed, num_shards)
+        self.steps_per_epoch = self.plan.per_shard // batch_size
         self._ahead: Optional[tuple[int, DALIGenericIterator]] = None  # (epoch, its fresh iterator)
 
     def _iterator(self, epoch: int) -> DALIGenericIterator:
         # every shard's part of the epoch, back to back: DALI's shard k is then shard k's part
-        order = epoch_shards(self.num_samples, self.seed, epoch, self.num_shards)
+        order = self.plan.orders(epoch)
         order = order[:, :self.steps_per_epoch * self.batch_size].reshape(-1).numpy()
         return self.builder.iterator(self.files[order].tolist(), self.labels[order].tolist(), self.shard,
                                      self.num_shards, self.batch_size, True,
@@ -208,19 +210,19 @@ class DALIFedTrainStream:
     batches already prefetched belong to that epoch), then built anew."""
 
     def __init__(self, builder: _Builder, files: list[str], labels: list[int], batch_size: int, seed: int,
-                 shard: int, num_shards: int, draws: KeyedDraws) -> None:
+                 shard: int, num_shards: int, draws: KeyedDraws, plan: Optional[ShardPlan] = None) -> None:
         self.builder, self.batch_size, self.seed, self.shard, self.num_shards = builder, batch_size, seed, shard, num_shards
         self.files, self.labels, self.draws = np.asarray(files), np.asarray(labels, dtype=np.int64), draws
         self.num_samples = len(files)
-        self.steps_per_epoch = (self.num_samples // num_shards) // batch_size
+        self.plan = plan if plan is not None else ShardPlan(self.num_samples, seed, num_shards)
+        self.steps_per_epoch = self.plan.per_shard // batch_size
         self.feed = _Feed(self.files, self.labels, batch_size, draws)
         self._it: Optional[DALIGenericIterator] = None
         self._state = "none"  # none | end | busy | abandoned
         self.builds = 0  # pipelines built for this stream's main reading (one, unless abandoned)
 
     def _epoch(self, feed: _Feed, epoch: int, start: int) -> None:
-        order = shard_indices(self.num_samples, self.seed, epoch, self.shard, self.num_shards)
-        order = order[:self.steps_per_epoch * self.batch_size]
+        order = self.plan.order(epoch, self.shard)[:self.steps_per_epoch * self.batch_size]
         feed.set(order.numpy(), sample_seeds(self.seed, epoch, order).numpy(), start)
 
     def _pipeline_seed(self) -> int:
@@ -274,18 +276,26 @@ class DALIEvalStream:
                 yield _batch(out)
 
 
-def build(cfg: DataConfig, req: DataRequest) -> tuple[Any, DALIEvalStream]:
+def build(cfg: DataConfig, req: DataRequest, make_split: Callable[[np.ndarray], TrainSplit], with_val: bool = True
+          ) -> tuple[Any, DALIEvalStream, Optional[DALIEvalStream], TrainSplit]:
+    """(training shard or None, test slice, validation slice or None, the split). Validation
+    reads the training files at the split's indices through the evaluation graph."""
     check_prepared(cfg)
     builder = _Builder(cfg, torch.device(req.device))
-    train = None
+    files, labels = file_list(cfg, "train")
+    split = make_split(np.asarray(labels, dtype=np.int64))
+    train = val = None
     if req.shard is not None:
         draws = DATASETS.get(cfg.name).dali_draws(cfg, True)
         if draws is None:  # the graph draws from DALI's generators: a pipeline per epoch
-            train = DALITrainStream(builder, *file_list(cfg, "train"), req.batch_size, req.seed, req.shard,
-                                    req.num_shards)
+            train = DALITrainStream(builder, files, labels, req.batch_size, req.seed, req.shard,
+                                    req.num_shards, split.plan)
         else:
-            train = DALIFedTrainStream(builder, *file_list(cfg, "train"), req.batch_size, req.seed, req.shard,
-                                       req.num_shards, draws)
+            train = DALIFedTrainStream(builder, files, labels, req.batch_size, req.seed, req.shard,
+                                       req.num_shards, draws, split.plan)
+    if with_val and len(split.val):
+        val = DALIEvalStream(builder, [files[i] for i in split.val], [labels[i] for i in split.val],
+                             req.eval_batch_size, req.eval_shard, req.eval_num_shards)
     evals = DALIEvalStream(builder, *file_list(cfg, "val"), req.eval_batch_size, req.eval_shard,
                            req.eval_num_shards)
-    return train, evals
+    return train, evals, val, split

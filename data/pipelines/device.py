@@ -19,22 +19,28 @@ normalised tensors) and saying what its batches get (`DataSet.device_augment`).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Optional
+from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 from data.config import DataConfig
 from data.forms.base import Samples
 from data.pipelines.device_ops import DeviceAugment
-from data.sampler import eval_slice, sample_seeds, shard_indices
+from data.sampler import ShardPlan, eval_slice, sample_seeds
 from data.sets import DATASETS
+from data.split import TrainSplit
 from data.stream import Batch, DataRequest
 
 
-def to_device(samples: Samples, device: torch.device, part: Optional[range] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(images N x H x W x C, labels int64 N) of an in-memory split (or of its `part`) on
-    `device`, copied once."""
+def to_device(samples: Samples, device: torch.device, part: Optional[range] = None,
+              indices: Optional[np.ndarray] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(images N x H x W x C, labels int64 N) of an in-memory split (or of its samples `indices`,
+    then of their `part`) on `device`, copied once."""
     images, labels = samples.tensors_nhwc()
+    if indices is not None:
+        chosen = torch.as_tensor(np.asarray(indices), dtype=torch.int64)
+        images, labels = images[chosen], labels[chosen]
     if part is not None:
         images, labels = images[part.start:part.stop], labels[part.start:part.stop]
     return images.contiguous().to(device), labels.long().to(device)
@@ -42,14 +48,15 @@ def to_device(samples: Samples, device: torch.device, part: Optional[range] = No
 
 class DeviceTrainStream:
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, augment: DeviceAugment, batch_size: int,
-                 seed: int, shard: int, num_shards: int) -> None:
+                 seed: int, shard: int, num_shards: int, plan: Optional[ShardPlan] = None) -> None:
         self.images, self.labels, self.augment = images, labels, augment
         self.batch_size, self.seed, self.shard, self.num_shards = batch_size, seed, shard, num_shards
         self.num_samples = len(labels)
-        self.steps_per_epoch = (self.num_samples // num_shards) // batch_size
+        self.plan = plan if plan is not None else ShardPlan(self.num_samples, seed, num_shards)
+        self.steps_per_epoch = self.plan.per_shard // batch_size
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
-        order = shard_indices(self.num_samples, self.seed, epoch, self.shard, self.num_shards)
+        order = self.plan.order(epoch, self.shard)
         order = order[:self.steps_per_epoch * self.batch_size].to(self.images.device)
         seeds = sample_seeds(self.seed, epoch, order) if self.augment.random else None
         bs = self.batch_size
@@ -71,16 +78,23 @@ class DeviceEvalStream:
             yield self.augment(self.images[i:i + self.batch_size], None), self.labels[i:i + self.batch_size]
 
 
-def build(cfg: DataConfig, req: DataRequest) -> tuple[Optional[DeviceTrainStream], DeviceEvalStream]:
+def build(cfg: DataConfig, req: DataRequest, make_split: Callable[[np.ndarray], TrainSplit], with_val: bool = True
+          ) -> tuple[Optional[DeviceTrainStream], DeviceEvalStream, Optional[DeviceEvalStream], TrainSplit]:
+    """(training shard or None, test slice, validation slice or None, the split)."""
     dataset = DATASETS.get(cfg.name)
     device = torch.device(req.device)
-    train = None
+    samples = dataset.samples(cfg, "train")
+    split = make_split(samples.label_array())
+    train = val = None
     if req.shard is not None:
-        images, labels = to_device(dataset.samples(cfg, "train"), device)
+        images, labels = to_device(samples, device)
         train = DeviceTrainStream(images, labels, dataset.device_augment(cfg, train=True), req.batch_size,
-                                  req.seed, req.shard, req.num_shards)
+                                  req.seed, req.shard, req.num_shards, split.plan)
+    plain = dataset.device_augment(cfg, train=False)
+    if with_val and len(split.val):
+        images, labels = to_device(samples, device, eval_slice(len(split.val), req.eval_shard, req.eval_num_shards),
+                                   split.val)
+        val = DeviceEvalStream(images, labels, plain, req.eval_batch_size, len(split.val))
     test = dataset.samples(cfg, "val")
     images, labels = to_device(test, device, eval_slice(len(test), req.eval_shard, req.eval_num_shards))
-    evals = DeviceEvalStream(images, labels, dataset.device_augment(cfg, train=False), req.eval_batch_size,
-                             len(test))
-    return train, evals
+    return train, DeviceEvalStream(images, labels, plain, req.eval_batch_size, len(test)), val, split

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Optional
+from typing import Callable, Optional
 
 import numba
 import numpy as np
@@ -32,9 +32,10 @@ from ffcv.transforms import ToDevice, ToTensor
 from data.config import DataConfig
 from data.pipelines.ffcv_ops import EpochKey
 from data.prepared import check_prepared, prepared_dir
-from data.sampler import epoch_seed, eval_slice, shard_indices
+from data.sampler import ShardPlan, epoch_seed, eval_slice
 from data.sets import DATASETS
 from data.sets.base import Finish
+from data.split import TrainSplit
 from data.stream import Batch, DataRequest
 
 
@@ -80,24 +81,30 @@ def _iterate(loader: _ShardLoader, order: np.ndarray, finish: Finish) -> Iterato
 
 class FFCVTrainStream:
     def __init__(self, loader: _ShardLoader, epoch_key: EpochKey, finish: Finish, num_samples: int,
-                 batch_size: int, seed: int, shard: int, num_shards: int) -> None:
+                 batch_size: int, seed: int, shard: int, num_shards: int, plan: Optional[ShardPlan] = None) -> None:
         self.loader, self.epoch_key, self.finish = loader, epoch_key, finish
         self.num_samples, self.batch_size, self.seed = num_samples, batch_size, seed
         self.shard, self.num_shards = shard, num_shards
-        self.steps_per_epoch = (num_samples // num_shards) // batch_size
+        self.plan = plan if plan is not None else ShardPlan(num_samples, seed, num_shards)
+        self.steps_per_epoch = self.plan.per_shard // batch_size
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
-        order = shard_indices(self.num_samples, self.seed, epoch, self.shard, self.num_shards).numpy()
+        order = self.plan.order(epoch, self.shard).numpy()
         self.epoch_key.set(epoch_seed(self.seed, epoch))
         yield from _iterate(self.loader, order[start * self.batch_size:self.steps_per_epoch * self.batch_size],
                             self.finish)
 
 
 class FFCVEvalStream:
-    def __init__(self, loader: _ShardLoader, finish: Finish, num_samples: int, shard: int, num_shards: int) -> None:
-        self.loader, self.finish, self.num_samples = loader, finish, num_samples
-        part = eval_slice(num_samples, shard, num_shards)
-        self.order = np.arange(part.start, part.stop)
+    """This rank's `eval_slice` of a file's samples, or of its samples `indices` (validation:
+    samples of train.beton, read with the evaluation decoder)."""
+
+    def __init__(self, loader: _ShardLoader, finish: Finish, num_samples: int, shard: int, num_shards: int,
+                 indices: Optional[np.ndarray] = None) -> None:
+        every = np.arange(num_samples) if indices is None else np.asarray(indices, dtype=np.int64)
+        self.loader, self.finish, self.num_samples = loader, finish, len(every)
+        part = eval_slice(len(every), shard, num_shards)
+        self.order = every[part.start:part.stop]
 
     def batches(self) -> Iterator[Batch]:
         yield from _iterate(self.loader, self.order, self.finish)
@@ -107,25 +114,43 @@ def _to_device(device: torch.device) -> list:
     return [ToDevice(device, non_blocking=True)] if device.type == "cuda" else []
 
 
-def _open(cfg: DataConfig, split: str, batch_size: int, key: EpochKey,
-          device: torch.device) -> tuple[_ShardLoader, Finish]:
-    """The split's loader: the data set's decoder and operations (augmenting for "train"), then
-    a tensor on `device`; and the data set's step after the loader (such as normalisation)."""
-    ops, finish = DATASETS.get(cfg.name).ffcv_image_ops(cfg, split == "train", key)
+def _open(cfg: DataConfig, file: str, batch_size: int, key: EpochKey, device: torch.device,
+          train: bool) -> tuple[_ShardLoader, Finish]:
+    """A loader of `file`.beton: the data set's decoder and operations (augmenting when
+    `train`), then a tensor on `device`; and the data set's step after the loader (such as
+    normalisation)."""
+    ops, finish = DATASETS.get(cfg.name).ffcv_image_ops(cfg, train, key)
     pipelines = {"image": [*ops, ToTensor(), *_to_device(device)],
                  "label": [IntDecoder(), ToTensor(), *_to_device(device)]}
-    return _loader(str(prepared_dir(cfg) / f"{split}.beton"), batch_size, cfg, pipelines), finish
+    return _loader(str(prepared_dir(cfg) / f"{file}.beton"), batch_size, cfg, pipelines), finish
 
 
-def build(cfg: DataConfig, req: DataRequest) -> tuple[Optional[FFCVTrainStream], FFCVEvalStream]:
+def beton_labels(path: str) -> np.ndarray:
+    """The labels of a .beton file in index order, from its metadata table (an `IntField` keeps
+    its value there): no sample is decoded."""
+    from ffcv.reader import Reader
+
+    reader = Reader(path)
+    return np.asarray(reader.metadata[f"f{reader.field_names.index('label')}"], dtype=np.int64)
+
+
+def build(cfg: DataConfig, req: DataRequest, make_split: Callable[[np.ndarray], TrainSplit], with_val: bool = True
+          ) -> tuple[Optional[FFCVTrainStream], FFCVEvalStream, Optional[FFCVEvalStream], TrainSplit]:
+    """(training shard or None, test slice, validation slice or None, the split). The validation
+    samples are indices into train.beton: the prepared files serve every split size."""
     check_prepared(cfg)
     device = torch.device(req.device)
-    train = None
+    split = make_split(beton_labels(str(prepared_dir(cfg) / "train.beton")))
+    train = val = None
     if req.shard is not None:
         key = EpochKey()
-        loader, finish = _open(cfg, "train", req.batch_size, key, device)
+        loader, finish = _open(cfg, "train", req.batch_size, key, device, train=True)
         train = FFCVTrainStream(loader, key, finish, int(loader.reader.num_samples), req.batch_size,
-                                req.seed, req.shard, req.num_shards)
-    loader, finish = _open(cfg, "val", req.eval_batch_size, EpochKey(), device)
+                                req.seed, req.shard, req.num_shards, split.plan)
+    if with_val and len(split.val):
+        loader, finish = _open(cfg, "train", req.eval_batch_size, EpochKey(), device, train=False)
+        val = FFCVEvalStream(loader, finish, int(loader.reader.num_samples), req.eval_shard, req.eval_num_shards,
+                             split.val)
+    loader, finish = _open(cfg, "val", req.eval_batch_size, EpochKey(), device, train=False)
     return train, FFCVEvalStream(loader, finish, int(loader.reader.num_samples), req.eval_shard,
-                                 req.eval_num_shards)
+                                 req.eval_num_shards), val, split

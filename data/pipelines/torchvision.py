@@ -15,14 +15,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from data.config import DataConfig
 from data.forms.base import Samples
 from data.forms.tensors import TensorSamples
-from data.sampler import epoch_seed, eval_slice, sample_seed, shard_indices
+from data.sampler import ShardPlan, epoch_seed, eval_slice, sample_seed
 from data.sets import DATASETS
+from data.split import TrainSplit
 from data.stream import Batch, DataRequest, EvalStream, TensorEvalStream, TensorTrainStream, TrainStream
 
 #: batches are handed over in host memory (pinned on a GPU run): `data.build_data` copies them
@@ -68,11 +70,12 @@ class _EpochBatches:
 
 class LoaderTrainStream:
     def __init__(self, dataset: SeededDataset, batch_size: int, seed: int, shard: int,
-                 num_shards: int, num_workers: int, pin_memory: bool) -> None:
+                 num_shards: int, num_workers: int, pin_memory: bool, plan: Optional[ShardPlan] = None) -> None:
         self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
         self.shard, self.num_shards = shard, num_shards
         self.num_samples = len(dataset)
-        self.steps_per_epoch = (len(dataset) // num_shards) // batch_size
+        self.plan = plan if plan is not None else ShardPlan(len(dataset), seed, num_shards)
+        self.steps_per_epoch = self.plan.per_shard // batch_size
         self._sampler = _EpochBatches()
         self._generator = torch.Generator()
         self._loader = DataLoader(dataset, batch_sampler=self._sampler, num_workers=num_workers,
@@ -80,7 +83,7 @@ class LoaderTrainStream:
                                   generator=self._generator)
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
-        idx = shard_indices(self.num_samples, self.seed, epoch, self.shard, self.num_shards).tolist()
+        idx = self.plan.order(epoch, self.shard).tolist()
         bs = self.batch_size
         self._sampler.batches = [
             [(i, sample_seed(self.seed, epoch, i)) for i in idx[b * bs:(b + 1) * bs]]
@@ -96,10 +99,14 @@ class LoaderTrainStream:
 
 
 class LoaderEvalStream:
+    """This rank's `eval_slice` of a split's samples, or of `indices` into it (validation)."""
+
     def __init__(self, dataset: SeededDataset, batch_size: int, seed: int, shard: int, num_shards: int,
-                 num_workers: int, pin_memory: bool) -> None:
-        self.num_samples, self.seed = len(dataset), seed
-        subset = torch.utils.data.Subset(dataset, list(eval_slice(len(dataset), shard, num_shards)))
+                 num_workers: int, pin_memory: bool, indices: Optional[np.ndarray] = None) -> None:
+        every = np.arange(len(dataset)) if indices is None else np.asarray(indices)
+        self.num_samples, self.seed = len(every), seed
+        part = eval_slice(len(every), shard, num_shards)
+        subset = torch.utils.data.Subset(dataset, every[part.start:part.stop].tolist())
         self._generator = torch.Generator()
         self._loader = DataLoader(subset, batch_size=batch_size, num_workers=num_workers,
                                   pin_memory=pin_memory, generator=self._generator)
@@ -123,31 +130,42 @@ def shutdown_workers(loader: DataLoader) -> None:
 
 
 def _train_stream(samples: Samples, transform: Optional[Callable], cfg: DataConfig,
-                  req: DataRequest) -> TrainStream:
+                  req: DataRequest, plan: ShardPlan) -> TrainStream:
     if isinstance(samples, TensorSamples):  # the model's input already: sliced, not loaded
-        return TensorTrainStream(samples.x, samples.y, req.batch_size, req.seed, req.shard, req.num_shards)
+        return TensorTrainStream(samples.x, samples.y, req.batch_size, req.seed, req.shard, req.num_shards, plan)
     return LoaderTrainStream(SeededDataset(len(samples), samples.item, transform), req.batch_size, req.seed,
-                             req.shard, req.num_shards, cfg.num_workers, _pin(req))
+                             req.shard, req.num_shards, cfg.num_workers, _pin(req), plan)
 
 
 def _eval_stream(samples: Samples, transform: Optional[Callable], cfg: DataConfig,
-                 req: DataRequest) -> EvalStream:
+                 req: DataRequest, indices: Optional[np.ndarray] = None) -> EvalStream:
+    """The evaluation stream of a split, or of the samples `indices` of it (validation)."""
     if isinstance(samples, TensorSamples):
-        return TensorEvalStream(samples.x, samples.y, req.eval_batch_size, req.eval_shard, req.eval_num_shards)
+        x, y = samples.x, samples.y
+        if indices is not None:
+            x, y = x[torch.as_tensor(indices)], y[torch.as_tensor(indices)]
+        return TensorEvalStream(x, y, req.eval_batch_size, req.eval_shard, req.eval_num_shards)
     return LoaderEvalStream(SeededDataset(len(samples), samples.item, transform), req.eval_batch_size,
-                            req.seed, req.eval_shard, req.eval_num_shards, cfg.num_workers, _pin(req))
+                            req.seed, req.eval_shard, req.eval_num_shards, cfg.num_workers, _pin(req), indices)
 
 
 def _pin(req: DataRequest) -> bool:
     return str(req.device).startswith("cuda")
 
 
-def build(cfg: DataConfig, req: DataRequest) -> tuple[Optional[TrainStream], EvalStream]:
+def build(cfg: DataConfig, req: DataRequest, make_split: Callable[[np.ndarray], TrainSplit], with_val: bool = True
+          ) -> tuple[Optional[TrainStream], EvalStream, Optional[EvalStream], TrainSplit]:
+    """(training shard or None, test slice, validation slice or None, the split); `make_split`
+    turns the training file's labels into the split."""
     dataset = DATASETS.get(cfg.name)
     train_tf = eval_tf = None
     if not issubclass(dataset.form, TensorSamples):
         train_tf, eval_tf = dataset.torchvision_transforms(cfg)
-    train = None
+    train = val = None
+    samples = dataset.samples(cfg, "train")
+    split = make_split(samples.label_array())
     if req.shard is not None:
-        train = _train_stream(dataset.samples(cfg, "train"), train_tf, cfg, req)
-    return train, _eval_stream(dataset.samples(cfg, "val"), eval_tf, cfg, req)
+        train = _train_stream(samples, train_tf, cfg, req, split.plan)
+    if with_val and len(split.val):
+        val = _eval_stream(samples, eval_tf, cfg, req, split.val)
+    return train, _eval_stream(dataset.samples(cfg, "val"), eval_tf, cfg, req), val, split

@@ -93,7 +93,9 @@ class DataSet(ABC):
 
     @abstractmethod
     def samples(self, cfg: DataConfig, split: str) -> Samples:
-        """Split "train" or "val" in this data set's form, in its reading order."""
+        """Split "train" or "val" in this data set's form, in its reading order. "val" is the data
+        set's own held-out split, which the runner reports as the *test* set; the validation
+        split that selects is carved out of "train" by index (`data.split`)."""
 
     def prepared_identity(self, cfg: DataConfig) -> dict[str, Any]:
         """Settings that change the samples (beyond the name): FFCV's and DALI's prepared files

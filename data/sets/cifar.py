@@ -43,6 +43,7 @@ class Cifar(DataSet):
     @property
     def config(self) -> dict[str, Any]:  # type: ignore[override]
         return {"root": f"${{paths.data_root}}/{self.name}", "num_workers": 2, "eval_batch_size": 512}
+    # validation: the schema's data.val_fraction=0.1, i.e. 5,000 of the 50,000 (500 a class)
 
     def num_train_samples(self, cfg: DataConfig) -> Optional[int]:
         return 50_000  # the official sets' size (a smaller copy is checked when it is read)

@@ -24,7 +24,8 @@ class ImageNet(DataSet):
     form = ImageFolderSamples
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
     config = {"root": "${paths.data_root}/imagenet", "image_size": 224, "eval_resize": 256,
-              "num_workers": 8, "eval_batch_size": 256}
+              "num_workers": 8, "eval_batch_size": 256,
+              "val_fraction": None, "val_per_class": 10}  # 10 images per class: 10,000 of the training set
 
     def check_on_disk(self, cfg: DataConfig) -> None:
         imagefolder_split(cfg.root, "train")

@@ -23,6 +23,9 @@ def plot_run(records: list[dict[str, Any]], out: Path, title: str) -> Path:
         steps = [r["step"] for r in evals]
         ax_loss.plot(steps, [r["test_loss"] for r in evals], "o-", label="test loss")
         ax_acc.plot(steps, [r["test_acc"] for r in evals], "o-", label="test acc")
+        if "val_acc" in evals[0]:
+            ax_loss.plot(steps, [r["val_loss"] for r in evals], "s--", label="validation loss")
+            ax_acc.plot(steps, [r["val_acc"] for r in evals], "s--", label="validation acc")
     ax_loss.set_xlabel("step")
     ax_loss.set_ylabel("loss")
     ax_loss.legend()

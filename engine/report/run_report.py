@@ -110,7 +110,8 @@ class RunReport:
         self.reporter.log({"kind": "eval", "step": state.step, "epoch": self._epoch(state),
                            "wall_s": round(state.elapsed(), 3), **result, **comm})
         if self.bar is not None:
-            self.bar.write(f"step {state.step}: test_acc {result['test_acc']:.4f}  test_loss {result['test_loss']:.4f}")
+            val = f"val_acc {result['val_acc']:.4f}  val_loss {result['val_loss']:.4f}  " if "val_acc" in result else ""
+            self.bar.write(f"step {state.step}: {val}test_acc {result['test_acc']:.4f}  test_loss {result['test_loss']:.4f}")
 
     def finish(self, summary: dict[str, Any]) -> None:
         if self.bar is not None:

@@ -11,11 +11,26 @@ import torch.distributed as dist
 from engine.report.utilisation import utilisation
 
 
+def selection(state: Any, best_metric: Optional[str]) -> dict[str, Any]:
+    """summary.json's selected point (docs/evaluation.md): the best validation value and its
+    step, and the test metrics at that evaluation (`test_acc_at_best`: what a table reports on
+    test). None throughout when there is no validation split: test never stands in."""
+    at_best = {f"{k}_at_best": v for k, v in state.test_at_best.items()} if best_metric else {}
+    return {"best_metric": best_metric,
+            f"best_{best_metric or 'val_acc'}": state.best if best_metric else None,
+            "best_step": state.best_step if best_metric else None,
+            "test_acc_at_best": at_best.get("test_acc_at_best"), **at_best,
+            # the old column's name, now the test value at the validation-selected point (tables read it)
+            "best_test_acc": at_best.get("test_acc_at_best")}
+
+
 def gather_summary(mine: dict[str, Any], world_size: int, reporting: bool, result: dict[str, float],
-                   state: Any, facts: Any, best_metric: str,
-                   merge_algo: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> Optional[dict[str, Any]]:
+                   state: Any, facts: Any, best_metric: Optional[str],
+                   merge_algo: Callable[[list[dict[str, Any]]], dict[str, Any]],
+                   split: Optional[dict[str, Any]] = None) -> Optional[dict[str, Any]]:
     """A collective: every rank hands in `mine` ({rank, worker, comm, algo, imbalance_s}); the
-    reporting rank gets the summary, the others None."""
+    reporting rank gets the summary, the others None. `best_metric`: the validation metric that
+    selects (None: no validation split); `split`: the data split's record (`data.split`)."""
     every: list[Any] = [None] * world_size
     dist.all_gather_object(every, mine)
     if not reporting:
@@ -25,8 +40,7 @@ def gather_summary(mine: dict[str, Any], world_size: int, reporting: bool, resul
     samples_per_s = state.samples_seen / state.train_seconds if state.train_seconds else 0.0
     summary: dict[str, Any] = {
         **result,
-        "best_test_acc": max(state.best or 0.0, result.get("test_acc", 0.0)) if best_metric == "test_acc" else state.best,
-        "best_step": state.best_step,
+        **selection(state, best_metric),
         "steps": state.step,
         "epochs": state.step / max(facts.steps_per_epoch, 1),
         "wall_s": round(state.elapsed(), 3),
@@ -55,11 +69,20 @@ def gather_summary(mine: dict[str, Any], world_size: int, reporting: bool, resul
         "imbalance_s": [round(e["imbalance_s"], 3) for e in every],
         "resumed_from": state.resumed_from,
         "network": facts.network,
+        "data_split": split or {},  # validation size, partition, per-worker samples, label skew (TV)
     }
     algo_summary = merge_algo([e["algo"] for e in every])
     if algo_summary:
         summary["algo_stats"] = algo_summary
     return summary
+
+
+def _selected(summary: dict[str, Any]) -> str:
+    best = summary.get("best_val_acc")
+    if best is None:
+        return "- (no validation split: nothing selected)"
+    at = summary.get("test_acc_at_best")
+    return f"{best:.4f} at step {summary['best_step']}" + (f" (test there {at:.4f})" if at is not None else "")
 
 
 def _per_gpu(summary: dict[str, Any]) -> str:
@@ -76,9 +99,10 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
 
     table = Table(title=f"syncopt: {summary['algo']} on {summary['data']}", show_header=False, box=None)
     top5 = f"  (top-5 {summary['test_top5']:.4f})" if "test_top5" in summary else ""
+    val = f"  (validation {summary['val_acc']:.4f})" if "val_acc" in summary else ""
     rows = [
-        ("test accuracy", f"{summary['test_acc']:.4f}{top5}"),
-        ("best test accuracy", f"{summary['best_test_acc']:.4f}"),
+        ("test accuracy", f"{summary['test_acc']:.4f}{top5}{val}"),
+        ("best validation accuracy", _selected(summary)),
         ("test loss", f"{summary['test_loss']:.4f}"),
         ("steps / epochs", f"{summary['steps']} / {summary['epochs']:.2f}"),
         ("ranks (training)", f"{summary['world_size']} ({summary['train_ranks']})"),

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from core.distenv import DistContext
+from core.errors import UserError
 from core.rundir import RunDir
 from core.schema import Section, option
 from engine.checkpoint import files
@@ -26,7 +27,23 @@ class CheckpointConfig(Section):
     every_epochs: Optional[int] = option(1, ge=1)
     keep_last: int = option(2, ge=1)  # complete checkpoints kept (the best is kept besides)
     keep_best: bool = True
-    best_metric: str = "test_acc"  # higher is better
+    best_metric: str = "val_acc"  # a validation metric, higher is better: val_acc | val_top5
+
+
+#: what `checkpoint.best_metric` may name: validation metrics where higher is better
+BEST_METRICS = ("val_acc", "val_top5")
+
+
+def check_checkpoint(cfg: CheckpointConfig) -> None:
+    """Selection reads validation only: a test metric (or anything not a higher-is-better
+    validation metric) is refused before launch, in one line."""
+    if cfg.best_metric.startswith("test_"):
+        raise UserError(f"checkpoint.best_metric={cfg.best_metric} selects on the test set, which must never "
+                        f"choose anything; use checkpoint.best_metric=val_{cfg.best_metric[5:]} (validation: "
+                        "data.val_fraction / data.val_count)")
+    if cfg.best_metric not in BEST_METRICS:
+        raise UserError(f"checkpoint.best_metric={cfg.best_metric} is not a validation metric where higher is "
+                        f"better; use one of {', '.join(BEST_METRICS)}")
 
 
 class Checkpointer:

@@ -1,5 +1,9 @@
-"""Evaluation on the test set, sharded over the evaluating ranks and summed over all ranks, and
-the evaluation cadence of a run (`Evaluator`)."""
+"""Evaluation on the validation split and the test set, each sharded over the evaluating ranks
+and summed over all ranks, and the evaluation cadence of a run (`Evaluator`).
+
+Selection (the best checkpoint, `best_*` in summary.json, tuning in tables) reads validation
+metrics only (`val_*`); test metrics are reported at the same points for the curves and for the
+test value at the selected point (`test_acc_at_best`), and never choose anything. docs/evaluation.md."""
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
@@ -12,11 +16,13 @@ import torch.nn.functional as F
 
 @torch.no_grad()
 def evaluate(model: Optional[nn.Module], batches: Any, forward: Callable[[nn.Module, torch.Tensor], torch.Tensor],
-             device: torch.device, num_classes: int, group: Optional[dist.ProcessGroup] = None) -> dict[str, float]:
-    """Top-1 (and top-5 with more than 5 classes) accuracy and mean loss over the whole test set.
+             device: torch.device, num_classes: int, group: Optional[dist.ProcessGroup] = None,
+             prefix: str = "test") -> dict[str, float]:
+    """Top-1 (and top-5 with more than 5 classes) accuracy and mean loss over a whole evaluation
+    set, as `{prefix}_acc`, `{prefix}_loss` (`{prefix}_top5`).
 
     Every rank calls this (a collective); ranks that do not evaluate pass `model=None` and add
-    zeros. `batches` yields this rank's slice of the test set.
+    zeros. `batches` yields this rank's slice of the set.
     """
     sums = torch.zeros(4, dtype=torch.float64)  # loss, top1, top5, count
     if model is not None:
@@ -36,26 +42,29 @@ def evaluate(model: Optional[nn.Module], batches: Any, forward: Callable[[nn.Mod
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(sums, group=group)
     count = max(sums[3].item(), 1.0)
-    out = {"test_loss": sums[0].item() / count, "test_acc": sums[1].item() / count}
+    out = {f"{prefix}_loss": sums[0].item() / count, f"{prefix}_acc": sums[1].item() / count}
     if num_classes > 5:
-        out["test_top5"] = sums[2].item() / count
+        out[f"{prefix}_top5"] = sums[2].item() / count
     return out
 
 
 class Evaluator:
     """When to evaluate (every N steps, every N epochs; the last step is evaluated at the end,
     after the plugin's finalize) and how: the plugin's evaluation model on the evaluating ranks,
-    the test set sharded over them, plus the bytes all ranks have sent so far (the x-axis of
-    accuracy-against-communication plots). Updates the best metric in the training state."""
+    the validation split (when there is one) and the test set sharded over them, plus the bytes
+    all ranks have sent so far (the x-axis of accuracy-against-communication plots). Updates the
+    best validation metric in the training state, and the test metrics at it; with no
+    validation split (`best_metric` None) nothing is selected."""
 
-    def __init__(self, train_cfg: Any, best_metric: str, total_steps: int, algo: Any, model: nn.Module,
+    def __init__(self, train_cfg: Any, best_metric: Optional[str], total_steps: int, algo: Any, model: nn.Module,
                  ctx: Any, evaluates: bool, eval_stream: Any,
-                 forward: Callable[[nn.Module, torch.Tensor], torch.Tensor], num_classes: int, quiesce: bool) -> None:
+                 forward: Callable[[nn.Module, torch.Tensor], torch.Tensor], num_classes: int, quiesce: bool,
+                 val_stream: Any = None) -> None:
         self.every_steps, self.every_epochs = train_cfg.eval_every_steps, train_cfg.eval_every_epochs
         self.best_metric, self.total_steps = best_metric, total_steps
         self.algo, self.model, self.ctx, self.evaluates = algo, model, ctx, evaluates
         self.eval_stream, self.forward, self.num_classes = eval_stream, forward, num_classes
-        self.quiesce = quiesce
+        self.val_stream, self.quiesce = val_stream, quiesce
 
     def due(self, step: int, epoch: int, epoch_end: bool) -> bool:
         if step >= self.total_steps:
@@ -71,14 +80,19 @@ class Evaluator:
             # the evaluation's all_reduce. (Checkpoints get the same from their opening barrier.)
             dist.barrier()
         model = self.algo.eval_model(self.model) if self.evaluates else None
-        result = evaluate(model, self.eval_stream.batches() if model is not None else iter(()),
-                          self.forward, self.ctx.device, self.num_classes)
+        result: dict[str, float] = {}
+        if self.val_stream is not None:  # (every rank has one, or none: a collective)
+            result.update(evaluate(model, self.val_stream.batches() if model is not None else iter(()),
+                                   self.forward, self.ctx.device, self.num_classes, prefix="val"))
+        result.update(evaluate(model, self.eval_stream.batches() if model is not None else iter(()),
+                               self.forward, self.ctx.device, self.num_classes))
         sent = torch.tensor([float(self.algo.comm.as_metrics()["comm_bytes"])], dtype=torch.float64)
         dist.all_reduce(sent)
         result = {**result, "comm_bytes_total": int(sent.item())}
         state.last_eval = result
-        metric = result.get(self.best_metric)
+        metric = result.get(self.best_metric) if self.best_metric else None
         improved = metric is not None and (state.best is None or metric > state.best)
         if improved:
             state.best, state.best_step = metric, state.step
+            state.test_at_best = {k: v for k, v in result.items() if k.startswith("test_")}
         return result, improved

@@ -16,8 +16,9 @@ class TrainState:
     step: int = 0  # optimizer steps taken (over the whole run)
     epoch: int = 0
     batch_in_epoch: int = 0  # the next batch of the current epoch
-    best: Optional[float] = None  # best value of checkpoint.best_metric so far
+    best: Optional[float] = None  # best value of checkpoint.best_metric (validation) so far
     best_step: Optional[int] = None
+    test_at_best: dict[str, float] = field(default_factory=dict)  # test metrics at that evaluation
     finalized: bool = False  # the plugin's finalize ran (the final model is in place)
     elapsed_before: float = 0.0  # wall seconds of earlier segments of this run
     train_seconds: float = 0.0  # wall seconds of training, evaluation and checkpoints excluded (all segments)
@@ -47,7 +48,7 @@ class TrainState:
                 "elapsed": self.elapsed(), "train_seconds": self.train_seconds,
                 "data_wait_seconds": self.data_wait_seconds,
                 "samples_seen": self.samples_seen, "last_eval": dict(self.last_eval),
-                "budget_stop": self.budget_stop}
+                "test_at_best": dict(self.test_at_best), "budget_stop": self.budget_stop}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
@@ -55,5 +56,6 @@ class TrainState:
         self.elapsed_before, self.train_seconds = state["elapsed"], state["train_seconds"]
         self.data_wait_seconds = state.get("data_wait_seconds", 0.0)  # (absent from older checkpoints)
         self.samples_seen, self.last_eval = state["samples_seen"], dict(state["last_eval"])
+        self.test_at_best = dict(state.get("test_at_best", {}))  # (absent from older checkpoints)
         self.budget_stop = state.get("budget_stop")  # (absent from older checkpoints)
         self.resumed_from = self.step

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from core.distenv import DistContext
 from core.errors import UserError
-from data import DataRequest, build_data
+from data import DataRequest, build_streams
 from dist_algos.base import Role, StepContext, TrainInfo
 from engine.checkpoint.collective import agree_on_checkpoint
 from engine.checkpoint.files import Manifest, load_rank_file
@@ -53,7 +53,11 @@ class Trainer:
         self.algo = plan.algo(cfg.algo, ctx)
         self.is_worker = plan.layout.role(ctx.rank) == Role.WORKER
         self.reporting = ctx.rank == plan.layout.train[0]
-        self.train_stream, self.eval_stream = build_data(cfg.data, data_request(plan, ctx))
+        streams = build_streams(cfg.data, data_request(plan, ctx))
+        self.train_stream, self.eval_stream, self.val_stream = streams.train, streams.test, streams.val
+        self.split_record = streams.split  # (summary.json: partition, skew, validation size)
+        # selection reads validation only; without a validation split nothing is selected
+        self.best_metric = cfg.checkpoint.best_metric if self.val_stream is not None else None
         seed_everything(cfg.seed)  # identical initial model on every rank
         self.model = build_model(cfg.model, plan.spec).to(ctx.device)
         self.compute = prepare_model(self.model, cfg.train.channels_last, cfg.train.compile,
@@ -69,9 +73,10 @@ class Trainer:
         self.clock = TrainClock(ctx.device, self.state, cfg.train.log_every_steps)
         self.checkpointer = Checkpointer(cfg.checkpoint, plan.run_dir, ctx, cfg.algo.name, plan.resume_keys,
                                          self.capture, self.total_steps)
-        self.evaluator = Evaluator(cfg.train, cfg.checkpoint.best_metric, self.total_steps, self.algo, self.model,
+        self.evaluator = Evaluator(cfg.train, self.best_metric, self.total_steps, self.algo, self.model,
                                    ctx, ctx.rank in plan.layout.evaluate, self.eval_stream, self.local.forward,
-                                   plan.spec.num_classes, quiesce=plan.num_train_ranks < ctx.world_size)
+                                   plan.spec.num_classes, quiesce=plan.num_train_ranks < ctx.world_size,
+                                   val_stream=self.val_stream)
         self.report: Optional[RunReport] = None
 
     def _agree_steps_per_epoch(self) -> int:
@@ -157,7 +162,7 @@ class Trainer:
         finally:
             stop.close()
             self.algo.close()
-            for stream in (self.train_stream, self.eval_stream):
+            for stream in (self.train_stream, self.eval_stream, self.val_stream):
                 close = getattr(stream, "close", None)  # loader workers end now, not at exit
                 if close is not None:
                     close()
@@ -248,7 +253,7 @@ class Trainer:
         mine = {"rank": self.ctx.rank, "worker": self.is_worker, "comm": self.algo.comm.as_metrics(),
                 "algo": self.algo.summary(), "imbalance_s": self.imbalance.injected_s}
         summary = gather_summary(mine, self.ctx.world_size, self.reporting, result, st, self.facts,
-                                 self.plan.config.checkpoint.best_metric, self.plan.algo.merge_summaries)
+                                 self.best_metric, self.plan.algo.merge_summaries, self.split_record)
         if summary is not None:
             summary.update(self.stop.summary(st.budget_stop, {"samples": st.samples_seen,
                                                                "bytes": summary["comm_bytes"],
