@@ -21,6 +21,8 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig
 
+import dist_algos
+
 from core.errors import UserError
 from core.rundir import RunDir
 from core.schema import Section, option, typed_section
@@ -93,9 +95,7 @@ def algorithm_rows(folder: Path = CPU_RECIPES) -> list[RowConfig]:
     """One row per registered algorithm (registry order), its recipe `folder/<algo>.yaml`, then
     one per other recipe there (a method composed from an algorithm). A missing recipe is one line
     naming the file to create."""
-    from dist_algos import list_algorithms
-
-    algos = list_algorithms()
+    algos = dist_algos.list_algorithms()
     missing = [a for a in algos if not (folder / f"{a}.yaml").is_file()]
     if missing:
         raise UserError(f"algorithm {missing[0]} has no CPU recipe for every-algorithm tables: create "
