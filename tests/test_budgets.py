@@ -38,7 +38,8 @@ def _train(overrides: list[str], run_dir: str) -> dict[str, Any]:
         summary = trainer.run()
     finally:
         logging.getLogger("syncopt").removeHandler(lines)
-    return {"step": trainer.state.step, "summary": summary, "warnings": lines.lines}
+    return {"step": trainer.state.step, "summary": summary, "warnings": lines.lines,
+            "record": trainer.state.budget_stop}
 
 
 def budget_runs(rank: int, world: int, tmp: str) -> dict[str, Any]:
@@ -80,6 +81,7 @@ def test_each_budget_stops_every_rank_at_the_same_step_checkpointed(results: lis
     # samples: 2 ranks x 32 = 64 per step, 100 spent at step 2; bytes: 2.5 steps' worth, agreed every
     # step, spent at step 3; wall: 1 ms is spent at once, agreed at the first agreement step (4)
     assert [r[name]["step"] for r in results] == [step, step]
+    assert results[0][name]["record"] == results[1][name]["record"]  # what a resume decides on: one record
     summary = results[0][name]["summary"]
     assert results[1][name]["summary"] is None
     assert summary["steps"] == step and summary["stop_reason"] == reason and summary["budget_step"] == step

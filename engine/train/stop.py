@@ -116,8 +116,11 @@ class StopAgreement:
             mine = agreed.tolist()
         if self.budget.spent("bytes", mine[0]):
             return {"reason": "budget_bytes", "step": step, "spent": int(mine[0])}
-        if mine[1] > 0:
-            return {"reason": "budget_wall_s", "step": step, "spent": round(elapsed_s, 3)}
+        if mine[1] > 0:  # the longest rank's wall-clock, the same record on every rank (resume reads it)
+            longest = torch.tensor([elapsed_s], dtype=torch.float64)
+            if dist.get_world_size(group) > 1:
+                dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=group)
+            return {"reason": "budget_wall_s", "step": step, "spent": round(longest.item(), 3)}
         return None
 
     def still_spent(self, record: Optional[dict[str, Any]]) -> bool:
