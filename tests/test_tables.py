@@ -166,9 +166,8 @@ def test_comm_table_has_a_row_for_every_registered_algorithm(name: str) -> None:
             algos.add(rc.algo.name)
             fix = (f"{row.label}: its recipe recipes/{row.recipe}.yaml must train {want} "
                    f"(msgd: 1 process at batch 128; parameter servers: rank 0 serves)")
-            if name == "comm_cpu":
-                assert (rc.model["name"], rc.data.name, rc.train.epochs) == (want["model"], want["data"],
-                                                                             want["epochs"]), fix
+            assert (rc.model["name"], rc.data.name, rc.train.epochs) == (want["model"], want["data"],
+                                                                         want["epochs"]), fix
             assert rc.launch.nproc == (1 if rc.algo.name == "msgd" else want["nproc"]), fix
             assert rc.train.batch_size * rc.launch.nproc == want["global_batch"], fix  # 4 x 32, or msgd's 1 x 128
     assert algos == set(list_algorithms())
