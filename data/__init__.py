@@ -66,8 +66,17 @@ def data_spec(cfg: DataConfig) -> DataSpec:
 
 
 def num_train_samples(cfg: DataConfig) -> Optional[int]:
-    """Training-set size when it is known without reading the data (for launch-time checks)."""
-    return DATASETS.get(cfg.name).num_train_samples(cfg)
+    """Size of the training part (the training file less the validation split) when it is known
+    without reading the data (for launch-time checks)."""
+    dataset = DATASETS.get(cfg.name)
+    n = dataset.num_train_samples(cfg)
+    rule = validation_rule(cfg)
+    if n is None or rule is None:
+        return n
+    key, value = rule
+    held = {"val_fraction": round(value * n), "val_count": int(value),
+            "val_per_class": int(value) * (cfg.num_classes or dataset.num_classes)}[key]
+    return max(n - held, 0)
 
 
 def check_data_on_disk(cfg: DataConfig) -> None:

@@ -134,7 +134,9 @@ def add_and_use(rank: int, world: int, folder: str) -> dict[str, Any]:
 
     import_file(Path(folder) / "stripes.py")
     data.register_configs()  # the runner's one call happened before the new file was imported
-    overrides = [f"hydra.searchpath=[file://{folder}/conf]", "recipe=stripes", f"paths.data_root={folder}/data"]
+    # validation off: the shards checked below are the whole training file's
+    overrides = [f"hydra.searchpath=[file://{folder}/conf]", "recipe=stripes", f"paths.data_root={folder}/data",
+                 "data.val_fraction=0"]
     cfg = compose(overrides).data
     out: dict[str, Any] = {"names": data.DATASETS.names(), "cfg": (cfg.name, cfg.root, cfg.eval_batch_size, cfg.augment),
                            "spec": data_spec(cfg)}

@@ -134,7 +134,7 @@ def pipeline_report(rank: int, world: int, pipeline: str, root: str) -> dict[str
     cifar = DATASETS.get("cifar10")
     out: dict[str, Any] = {}
     for partition in ("iid", "classes"):
-        cfg = compose([f"data=cifar10", f"data.pipeline={pipeline}", f"paths.data_root={root}",
+        cfg = compose(["data=cifar10", f"data.pipeline={pipeline}", f"paths.data_root={root}",
                        f"data.num_workers={0 if pipeline in ('torchvision', 'device') else 1}",
                        f"data.partition={partition}", *VAL]).data
         rep: dict[str, Any] = {"train": [], "val": [], "labels_ok": True}
