@@ -117,7 +117,7 @@ def test_per_row_baselines_time_to_target_and_speedup_plot(tmp_path: Path) -> No
 
     rows = [RowConfig(label=f"{algo}_{bw:g}", baseline=f"slow_{bw:g}", x=bw, series=algo)
             for bw in (100.0, 1000.0) for algo in ("slow", "fast")]
-    table = TableConfig(name="t", rows=rows, target_acc=0.9, columns=["test_acc", "updates_per_s", "time_to_target_s"],
+    table = TableConfig(name="t", rows=rows, target_acc=0.9, target_metric="test_acc", columns=["test_acc", "updates_per_s", "time_to_target_s"],
                         ratios=["updates_per_s"], plots=["speedup:updates_per_s", "wall"], x_label="Mbit/s")
     rate = {"slow_100": 10.0, "fast_100": 80.0, "slow_1000": 50.0, "fast_1000": 100.0}
     for row in rows:
@@ -139,8 +139,11 @@ def test_per_row_baselines_time_to_target_and_speedup_plot(tmp_path: Path) -> No
     assert [p.name for p in made] == ["speedup_updates_per_s.png", "accuracy_wall.png"]
 
 
-def test_comm_table_has_a_row_for_every_registered_algorithm() -> None:
-    """table=comm_cpu compares every method: a newly registered plugin must get its row."""
+@pytest.mark.parametrize("name", ["comm_cpu", "head_to_head_cpu"])
+def test_comm_table_has_a_row_for_every_registered_algorithm(name: str) -> None:
+    """table=comm_cpu (and head_to_head_cpu) compare every method: each registered plugin's row
+    comes from its CPU recipe, recipes/cpu/<algo>.yaml (a missing one fails load_table with a line
+    naming the file), and every row's recipe must train the table's task."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -153,15 +156,20 @@ def test_comm_table_has_a_row_for_every_registered_algorithm() -> None:
     assert cli.register_schemas
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        table = load_table(compose(config_name="config", overrides=["table=comm_cpu"]).table)
+        table = load_table(compose(config_name="config", overrides=[f"table={name}"]).table)
+        want = table.row_constraints or {"model": "small_cnn", "data": "digits", "epochs": 30, "global_batch": 128,
+                                         "nproc": 4}
         algos = set()
         for row in table.rows:
             args = ([f"recipe={row.recipe}"] if row.recipe else []) + [*table.overrides, *row.overrides]
             rc = load_run_config(compose(config_name="config", overrides=args))
             algos.add(rc.algo.name)
-            assert (rc.model["name"], rc.data.name, rc.train.epochs) == ("small_cnn", "digits", 30), row.label
-            assert rc.launch.nproc == (1 if rc.algo.name == "msgd" else 4), row.label
-            assert rc.train.batch_size * rc.launch.nproc == 128, row.label  # 4 x 32, or msgd's 1 x 128
+            fix = (f"{row.label}: its recipe recipes/{row.recipe}.yaml must train {want} "
+                   f"(msgd: 1 process at batch 128; parameter servers: rank 0 serves)")
+            assert (rc.model["name"], rc.data.name, rc.train.epochs) == (want["model"], want["data"],
+                                                                         want["epochs"]), fix
+            assert rc.launch.nproc == (1 if rc.algo.name == "msgd" else want["nproc"]), fix
+            assert rc.train.batch_size * rc.launch.nproc == want["global_batch"], fix  # 4 x 32, or msgd's 1 x 128
     assert algos == set(list_algorithms())
 
 
@@ -171,3 +179,24 @@ def test_pareto_front_keeps_the_rows_no_other_beats_on_both() -> None:
     points = [(10.0, 0.99), (1.0, 0.95), (5.0, 0.99), (0.0, 0.90), (5.0, 0.97), (20.0, 0.995), (30.0, 0.99)]
     assert pareto_front(points) == [3, 1, 2, 5]  # by increasing cost; (10, 0.99) ties (5, 0.99) at more cost
     assert pareto_front([]) == []
+
+
+def test_head_to_head_quick_form_runs_end_to_end(cli_env: dict, tmp_path: Path) -> None:
+    """`table=head_to_head_cpu table.quick=true` as CI runs it (a few minutes here): both partitions,
+    one seed, no tuning, every row ended by the same sample budget; rerun, nothing trains again."""
+    out = tmp_path / "quick"
+    args = ["table=head_to_head_cpu", "table.quick=true", f"hydra.run.dir={out}"]
+    proc = run_cli(args, cli_env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = read_csv(out / "table.csv")
+    assert sorted(rows) == sorted(f"{a}@{v}" for a in ("allreduce", "local_sgd", "dgc") for v in ("iid", "dir0.1"))
+    for label in rows:
+        summary = json.loads((out / label / "seed_0" / "summary.json").read_text())
+        assert summary["stop_reason"] == "budget_samples" and summary["budget"]["samples"] == 6000, label
+        per_step = summary["spent"]["samples"] / summary["steps"]
+        assert 6000 <= summary["spent"]["samples"] < 6000 + per_step, label  # the first step past the budget
+        assert "val_acc" in summary and not (out / label / "tune").exists(), label
+    assert rows["dgc@dir0.1"]["baseline"] == "allreduce@dir0.1"
+    assert (out / "pareto.png").is_file() and (out / "accuracy.png").is_file()
+    again = run_cli(args, cli_env, timeout=300)
+    assert again.returncode == 0 and again.stdout.count("already complete") == 6

@@ -1,8 +1,10 @@
 """Figures of a paper table: every row in one figure, so methods compare at a glance.
 
-- accuracy: test accuracy against step and against communicated bytes (all ranks);
+- accuracy: test accuracy against step and against communicated bytes (all ranks), the mean over
+  seeds with 95% t error bars (engine/tables/stats.py) where a row has two seeds or more;
 - pareto: each row's final test accuracy against its communicated bytes, the rows no other row
-  beats on both (as accurate with fewer bytes) joined as the Pareto front;
+  beats on both (as accurate with fewer bytes) joined as the Pareto front, with 95% error bars
+  on both axes over seeds;
 - series:<key>: a training-record series against step for every row that logs it (QSR's H, lr);
 - throughput: samples/s per row as bars (WAGMA under load imbalance);
 - wall: test accuracy against wall-clock seconds (what a shorter training time buys);
@@ -18,11 +20,32 @@ from typing import Any
 
 from engine.report.metrics import read_metrics
 from engine.tables.config import TableConfig, row_dir
+from engine.tables.stats import half_width
 
 
 def _rows_metrics(table: Any, out: Path) -> dict[str, list[list[dict[str, Any]]]]:
     return {row.label: [read_metrics(row_dir(out, row, s).metrics) for s in table.seeds]
             for row in table.rows}
+
+
+def eval_curve(runs: list[list[dict[str, Any]]], key: str = "test_acc") -> list[tuple[int, float, float, float]]:
+    """(step, mean bytes so far, mean `key`, its 95% half-width or 0) at each evaluation step that
+    every seed's run reached, over the seeds' eval records."""
+    by_step: dict[int, list[tuple[float, float]]] = {}
+    seeds = [r for r in runs if r]
+    for records in seeds:
+        for rec in records:
+            if rec.get("kind") == "eval" and rec.get(key) is not None:
+                by_step.setdefault(int(rec["step"]), []).append((rec.get("comm_bytes_total", 0) / 1e6, rec[key]))
+    curve = []
+    for step in sorted(by_step):
+        points = by_step[step]
+        if len(points) < len(seeds):
+            continue
+        values = [v for _, v in points]
+        curve.append((step, sum(b for b, _ in points) / len(points), sum(values) / len(values),
+                      half_width(values) or 0.0))
+    return curve
 
 
 def _title(table: Any, what: str = "", width: int = 80) -> str:
@@ -43,13 +66,14 @@ def draw_table_plots(table: Any, records: list[dict[str, Any]], out: Path) -> li
         if plot == "accuracy":
             fig, (by_step, by_bytes) = plt.subplots(1, 2, figsize=(12, 4.5))
             for label, runs in metrics.items():
-                evals = [r for r in (runs[0] if runs else []) if r.get("kind") == "eval"]
-                if not evals:
+                curve = eval_curve(runs)
+                if not curve:
                     continue
-                acc = [r["test_acc"] for r in evals]
-                by_step.plot([r["step"] for r in evals], acc, "o-", ms=3, label=label)
-                by_bytes.plot([r.get("comm_bytes_total", 0) / 1e6 for r in evals], acc, "o-", ms=3, label=label)
-            by_step.set(xlabel="step", ylabel="test accuracy")
+                steps, mb, acc, err = (list(c) for c in zip(*curve))
+                by_step.errorbar(steps, acc, yerr=err, fmt="o-", ms=3, capsize=2, label=label)
+                by_bytes.errorbar(mb, acc, yerr=err, fmt="o-", ms=3, capsize=2, label=label)
+            seeds = f" (mean of {len(table.seeds)} seeds, 95% t intervals)" if len(table.seeds) > 1 else ""
+            by_step.set(xlabel="step", ylabel="test accuracy" + seeds)
             by_bytes.set(xlabel="communicated MB (all ranks)", ylabel="test accuracy", xscale="symlog")
             by_step.legend(fontsize=8)
             fig.suptitle(_title(table, width=120))
@@ -135,27 +159,40 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
 
 def _pareto_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> Any:
     """Final test accuracy against communicated MB (symlog: a one-process row sends nothing), the
-    Pareto front as a step line through its rows. Rows are numbered by bytes next to their points
+    Pareto front as a step line through its rows (one front per variant). Rows are numbered by bytes next to their points
     and listed beside the axes (15 names near one another overprint; numbers stay readable)."""
     ok = sorted((r for r in records if r.get("test_acc") is not None and r.get("comm_bytes") is not None),
                 key=lambda r: r["comm_bytes"])
     points = [(r["comm_bytes"] / 1e6, r["test_acc"]) for r in ok]
-    front = pareto_front(points)
+    # one front per variant (`<row>@<variant>` labels: IID and skewed data are different problems)
+    variants = list(dict.fromkeys(r["label"].partition("@")[2] for r in ok))
+    fronts = {}
+    for v in variants:
+        members = [i for i, r in enumerate(ok) if r["label"].partition("@")[2] == v]
+        fronts[v] = [members[j] for j in pareto_front([points[i] for i in members])]
+    front = [i for f in fronts.values() for i in f]
     fig, ax = plt.subplots(figsize=(11, 5))
     fig.subplots_adjust(left=0.07, right=0.68, top=0.88, bottom=0.11)
-    ax.scatter([x for x, _ in points], [y for _, y in points], s=18, color="tab:gray", zorder=2)
-    ax.plot([points[i][0] for i in front], [points[i][1] for i in front], "o-", drawstyle="steps-post",
-            color="tab:red", ms=6, zorder=3, label="Pareto front: no row is as accurate with fewer bytes")
+    ax.errorbar([x for x, _ in points], [y for _, y in points], fmt="o", ms=4, color="tab:gray", capsize=2,
+                xerr=[(r.get("comm_bytes_ci95") or 0.0) / 1e6 for r in ok],
+                yerr=[r.get("test_acc_ci95") or 0.0 for r in ok], zorder=2)
+    colours = ["tab:red", "tab:blue", "tab:green", "tab:purple"]
+    for n, (v, members) in enumerate(fronts.items()):
+        ax.plot([points[i][0] for i in members], [points[i][1] for i in members], "o-", drawstyle="steps-post",
+                color=colours[n % len(colours)], ms=6, zorder=3,
+                label=f"Pareto front{f' ({v})' if v else ''}: no row is as accurate with fewer bytes")
     for n, ((x, y), lift) in enumerate(zip(points, _label_lifts([x for x, _ in points])), 1):
         ax.annotate(str(n), (x, y), textcoords="offset points", xytext=(3, 3 + lift), fontsize=7)
     ax.margins(x=0.08, y=0.12)
-    ax.set(xlabel="communicated MB (all ranks, whole run)", ylabel="final test accuracy", xscale="symlog")
-    ax.legend(fontsize=8, loc="center left")
+    bars = " (mean, 95% t interval over seeds)" if len(table.seeds) > 1 else ""
+    ax.set(xlabel="communicated MB (all ranks, whole run)", ylabel="final test accuracy" + bars, xscale="symlog")
+    ax.legend(fontsize=8, loc="best")
     ax.set_title(_title(table, "accuracy against communication"), fontsize=10)
     for n, (rec, (x, y)) in enumerate(zip(ok, points), 1):
         on_front = n - 1 in front
+        colour = colours[variants.index(rec["label"].partition("@")[2]) % len(colours)] if on_front else "black"
         fig.text(0.70, 0.86 - 0.05 * (n - 1) * 15 / max(len(ok), 15), f"{n:>2}  {rec['label']}: {x:.1f} MB, {y:.4f}",
-                 fontsize=8, family="monospace", color="tab:red" if on_front else "black")
+                 fontsize=8, family="monospace", color=colour)
     return fig
 
 

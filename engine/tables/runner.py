@@ -5,8 +5,10 @@ plus overrides and a label, the baseline row that ratios refer to, the seeds, an
 published numbers for each row with their source. Each row x seed runs as its own cli.py job in
 `DIR/<label>/seed_<s>/`, one after another: a run directory that already holds summary.json is
 not run again, an interrupted one resumes (cli.py's resume=auto), a failed one is reported as
-failed with its log while the others still run. Then the summaries are gathered into
-`DIR/table.md` (also printed) and `DIR/table.csv`, and the plots are drawn.
+failed with its log while the others still run. A tuned row first runs its grid on the tuning
+seeds (`DIR/<label>/tune/<setting>/seed_<s>/`, engine/tables/tuning.py) and then its chosen
+setting on the table's seeds. Then the summaries are gathered into `DIR/table.md` (also printed)
+and `DIR/table.csv`, and the plots are drawn.
 
 With `table.launcher=slurm`, rows are submitted as Hydra multiruns through the submitit launcher
 instead; running the same command again once they are done gathers the table.
@@ -22,11 +24,13 @@ from typing import Optional
 from hydra import compose
 from omegaconf import DictConfig
 
+from core.errors import UserError
 from core.rundir import RunDir
 from engine.config import load_run_config
-from engine.tables.config import TableConfig, TableLauncher, load_table, row_args, row_dir
+from engine.tables.config import RowConfig, TableConfig, TableLauncher, load_table, row_args, row_dir, row_grid
 from engine.tables.plots import draw_table_plots
 from engine.tables.render import gather, render_markdown, write_csv
+from engine.tables.tuning import Tuned, choose, grid_settings, setting_name, setting_overrides, tune_dir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -71,36 +75,90 @@ def submit_slurm(table: TableConfig, out: Path) -> None:
         subprocess.run(cmd, cwd=REPO, check=False)
 
 
+def _run_jobs(table: TableConfig, jobs: list[tuple[str, list[str], RunDir]], phase: str) -> dict[str, str]:
+    """Run each (name, args, run directory) not already complete; returns status by name."""
+    status: dict[str, str] = {}
+    for i, (name, args, run_dir) in enumerate(jobs, 1):
+        tag = f"[{phase} {i}/{len(jobs)}] {name}"
+        if run_dir.summary.exists():
+            status[name] = "done"
+            print(f"{tag}: already complete", flush=True)
+            continue
+        verb = "resuming" if run_dir.checkpoints.exists() else "running"
+        print(f"{tag}: {verb} ({run_dir.root})", flush=True)
+        state, seconds = run_row(args, run_dir, table.row_timeout_s)
+        status[name] = state
+        print(f"{tag}: {state} in {seconds:.0f} s" + (f" (log: {run_dir.row_log})" if state != "done" else ""),
+              flush=True)
+    return status
+
+
+def tuning_jobs(table: TableConfig, out: Path) -> list[tuple[str, list[str], RunDir]]:
+    """Every tuned row's grid on the tuning seeds."""
+    jobs = []
+    for row in table.rows:
+        for setting in grid_settings(row_grid(table, row)) if row_grid(table, row) else []:
+            for seed in table.tune_seeds:
+                run_dir = tune_dir(out, row.label, setting, seed)
+                jobs.append((f"{row.label} {setting_name(setting)} seed {seed}",
+                             row_args(table, row, seed, run_dir, setting_overrides(setting)), run_dir))
+    return jobs
+
+
+def chosen(table: TableConfig, out: Path) -> dict[str, Tuned]:
+    """Each tuned row's grid results and winner, from the tuning runs written so far."""
+    return {row.label: choose(out, row.label, row_grid(table, row), table.tune_seeds, table.select_metric)
+            for row in table.rows if row_grid(table, row)}
+
+
+def final_jobs(table: TableConfig, out: Path, tuned: dict[str, Tuned]) -> list[tuple[RowConfig, int, list[str]]]:
+    """(row, seed, arguments) of the reported runs; a tuned row without a winner has none."""
+    jobs = []
+    for row in table.rows:
+        setting: list[str] = []
+        if row.label in tuned:
+            if tuned[row.label].winner is None:
+                continue
+            setting = setting_overrides(tuned[row.label].winner)
+        jobs += [(row, seed, row_args(table, row, seed, row_dir(out, row, seed), setting)) for seed in table.seeds]
+    return jobs
+
+
 def run_table(node: DictConfig, out: Path) -> int:
     """Run (or dry-run) the table; returns the exit code (non-zero if any row failed)."""
     table = load_table(node)
     out.mkdir(parents=True, exist_ok=True)
-    jobs = [(row, seed) for row in table.rows for seed in table.seeds]
     if table.dry_run:
-        for row, seed in jobs:
-            args = row_args(table, row, seed, row_dir(out, row, seed))
-            print(f"{row.label} (seed {seed}): cli.py {' '.join(args)}")
+        for name, args, _ in tuning_jobs(table, out):
+            print(f"{name} (tuning): cli.py {' '.join(args)}")
+            print(f"    {describe_row(args)}")
+        for row, seed, args in final_jobs(table, out, {}):
+            grid = row_grid(table, row)
+            print(f"{row.label} (seed {seed}): cli.py {' '.join(args)}"
+                  + (f" + the setting of {grid} best on {table.select_metric}" if grid else ""))
             print(f"    {describe_row(args)}")
         return 0
+    jobs = [(row, seed) for row in table.rows for seed in table.seeds]
     if table.launcher == TableLauncher.slurm and not all(row_dir(out, r, s).summary.exists() for r, s in jobs):
+        if any(row_grid(table, r) for r in table.rows):
+            raise UserError(f"table {table.name}: tuning grids run with table.launcher=local only")
         submit_slurm(table, out)
         print(f"submitted; run the same command again when the jobs are done to gather the table in {out}")
         return 0
-    status: dict[tuple[str, int], str] = {}
-    for i, (row, seed) in enumerate(jobs, 1):
-        run_dir = row_dir(out, row, seed)
-        if run_dir.summary.exists():
-            status[(row.label, seed)] = "done"
-            print(f"[{i}/{len(jobs)}] {row.label} seed {seed}: already complete", flush=True)
-            continue
-        verb = "resuming" if run_dir.checkpoints.exists() else "running"
-        print(f"[{i}/{len(jobs)}] {row.label} seed {seed}: {verb} ({run_dir.root})", flush=True)
-        state, seconds = run_row(row_args(table, row, seed, run_dir), run_dir, table.row_timeout_s)
-        status[(row.label, seed)] = state
-        print(f"[{i}/{len(jobs)}] {row.label} seed {seed}: {state} in {seconds:.0f} s"
-              + (f" (log: {run_dir.row_log})" if state != "done" else ""), flush=True)
-    records = gather(table, out, status)
-    markdown = render_markdown(table, records)
+    tune_status = _run_jobs(table, tuning_jobs(table, out), "tune")
+    tuned = chosen(table, out)
+    finals = final_jobs(table, out, tuned)
+    by_name = _run_jobs(table, [(f"{row.label} seed {seed}", args, row_dir(out, row, seed))
+                                for row, seed, args in finals], "rows")
+    status = {(row.label, seed): by_name[f"{row.label} seed {seed}"] for row, seed, _ in finals}
+    for label, result in tuned.items():  # a row whose grid could not choose: failed
+        if result.winner is None:
+            status.update({(label, s): "failed" for s in table.seeds})
+            print(f"{label}: no setting of its grid has {table.select_metric} on every tuning seed (failed runs, "
+                  f"or no validation split: data.val_fraction=0); the row is not run", flush=True)
+    failed_tuning = [name for name, state in tune_status.items() if state != "done"]
+    records = gather(table, out, status, tuned)
+    markdown = render_markdown(table, records, tuned, failed_tuning)
     (out / "table.md").write_text(markdown)
     write_csv(out / "table.csv", records)
     draw_table_plots(table, records, out)

@@ -37,6 +37,11 @@ class TrainConfig(Section):
     eval_every_steps: Optional[int] = option(None, ge=1)
     stop_after: Optional[int] = option(None, ge=1)  # end after this step as a preemption would
     preempt_check_every: int = option(10, ge=1)  # steps between the ranks' agreement on a stop signal
+    # Budgets (engine/train/stop.py): the run ends, evaluated, checkpointed and summarised, at the
+    # first step where one is spent; samples exactly, bytes and wall-clock at the agreement steps
+    budget_samples: Optional[int] = option(None, ge=1)  # training samples over all training ranks
+    budget_bytes: Optional[int] = option(None, ge=1)  # bytes sent, all ranks (the plugins' comm accounting)
+    budget_wall_s: Optional[float] = option(None, gt=0)  # wall-clock seconds of the run, all segments
     progress: bool = True
     imbalance: ImbalanceConfig = option(factory=ImbalanceConfig)
 

@@ -25,6 +25,7 @@ class TrainState:
     data_wait_seconds: float = 0.0  # of which the loop waited for its next batch
     samples_seen: int = 0  # training samples over all training ranks
     last_eval: dict[str, float] = field(default_factory=dict)
+    budget_stop: Optional[dict[str, Any]] = None  # the budget that ended the run (StopAgreement.budget_spent)
     resumed_from: Optional[int] = None  # the step this segment resumed at (None: fresh)
     started: float = field(default_factory=time.perf_counter)  # this segment's start
 
@@ -47,7 +48,7 @@ class TrainState:
                 "elapsed": self.elapsed(), "train_seconds": self.train_seconds,
                 "data_wait_seconds": self.data_wait_seconds,
                 "samples_seen": self.samples_seen, "last_eval": dict(self.last_eval),
-                "test_at_best": dict(self.test_at_best)}
+                "test_at_best": dict(self.test_at_best), "budget_stop": self.budget_stop}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
@@ -56,4 +57,5 @@ class TrainState:
         self.data_wait_seconds = state.get("data_wait_seconds", 0.0)  # (absent from older checkpoints)
         self.samples_seen, self.last_eval = state["samples_seen"], dict(state["last_eval"])
         self.test_at_best = dict(state.get("test_at_best", {}))  # (absent from older checkpoints)
+        self.budget_stop = state.get("budget_stop")  # (absent from older checkpoints)
         self.resumed_from = self.step

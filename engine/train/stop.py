@@ -1,4 +1,5 @@
-"""Stopping at a step boundary on a signal (SLURM preemption, Ctrl-C, the time-limit warning).
+"""Stopping at a step boundary: on a signal (SLURM preemption, Ctrl-C, the time-limit warning),
+at `train.stop_after`, or when a budget is spent (`Budget`).
 
 A signal only sets a flag; the ranks agree on it every `train.preempt_check_every` steps with a
 one-element all_reduce (MAX), so all of them checkpoint the same step and exit 0. Agreement is
@@ -11,7 +12,7 @@ from __future__ import annotations
 import signal
 import sys
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -53,13 +54,88 @@ class Stop:
     message: str  # for stopped.json and the user
 
 
+@dataclass(frozen=True)
+class Budget:
+    """What a run may spend before it ends (`train.budget_*`), so that rows of a table compare at
+    equal cost rather than equal steps. Unlike a stop, a spent budget ENDS the run: the plugin's
+    finalize, the final evaluation, the final checkpoint and summary.json (`stop_reason`,
+    `budget`, `spent`).
+
+    The ranks must end at the same step. Samples are known on every rank without talking (step x
+    samples per step, the same everywhere, servers included), so that budget ends the run at
+    exactly the first step that reaches it. Bytes differ per rank and wall-clock drifts, so those
+    are agreed by one all_reduce (SUM of the bytes sent, and of the ranks past the wall budget)
+    every `train.preempt_check_every` steps, like the stop signal: the run may overshoot them by
+    up to that many steps less one (set it to 1 for an exact bytes budget).
+    """
+    samples: Optional[int] = None
+    bytes: Optional[int] = None
+    wall_s: Optional[float] = None
+
+    @classmethod
+    def of(cls, train_cfg: Any) -> "Budget":
+        return cls(train_cfg.budget_samples, train_cfg.budget_bytes, train_cfg.budget_wall_s)
+
+    def needs_agreement(self) -> bool:
+        return self.bytes is not None or self.wall_s is not None
+
+    def record(self) -> dict[str, Any]:
+        return {"samples": self.samples, "bytes": self.bytes, "wall_s": self.wall_s}
+
+    def spent(self, kind: str, amount: float) -> bool:
+        """Whether `amount` of `kind` (samples | bytes | wall_s) spends this budget."""
+        limit = getattr(self, kind)
+        return limit is not None and amount >= limit
+
+
 class StopAgreement:
     """Whether the run stops early at this step boundary, and why: `train.stop_after` (as a
-    preemption would stop it) or a signal any rank received. Every rank asks at every step."""
+    preemption would stop it) or a signal any rank received; and whether a budget is spent
+    (`budget_spent`, asked first, so that the run's end is evaluated and checkpointed once).
+    Every rank asks both at every step."""
 
-    def __init__(self, stop_after: Optional[int], check_every: int, total_steps: int) -> None:
+    def __init__(self, stop_after: Optional[int], check_every: int, total_steps: int,
+                 budget: Budget = Budget(), samples_per_step: int = 0) -> None:
         self.stop_after, self.check_every, self.total_steps = stop_after, check_every, total_steps
+        self.budget, self.samples_per_step = budget, samples_per_step
         self.signal = StopSignal()
+
+    def budget_spent(self, step: int, sent_bytes: int, elapsed_s: float,
+                     group: Optional[dist.ProcessGroup] = None) -> Optional[dict[str, Any]]:
+        """The record of the budget spent at `step` ({reason, step, spent}; None: go on). A
+        collective at the agreement steps when a bytes or wall-clock budget is set."""
+        samples = step * self.samples_per_step
+        if self.budget.spent("samples", samples):
+            return {"reason": "budget_samples", "step": step, "spent": samples}
+        if not self.budget.needs_agreement() or step % self.check_every:
+            return None
+        mine = [float(sent_bytes), 1.0 if self.budget.spent("wall_s", elapsed_s) else 0.0]
+        if dist.get_world_size(group) > 1:
+            agreed = torch.tensor(mine, dtype=torch.float64)
+            dist.all_reduce(agreed, group=group)
+            mine = agreed.tolist()
+        if self.budget.spent("bytes", mine[0]):
+            return {"reason": "budget_bytes", "step": step, "spent": int(mine[0])}
+        if mine[1] > 0:  # the longest rank's wall-clock, the same record on every rank (resume reads it)
+            longest = torch.tensor([elapsed_s], dtype=torch.float64)
+            if dist.get_world_size(group) > 1:
+                dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=group)
+            return {"reason": "budget_wall_s", "step": step, "spent": round(longest.item(), 3)}
+        return None
+
+    def still_spent(self, record: Optional[dict[str, Any]]) -> bool:
+        """On resume: whether the budget that ended the run is spent under this run's settings
+        (a raised or removed budget lets training go on)."""
+        if not record:
+            return False
+        return self.budget.spent(record["reason"].removeprefix("budget_"), record["spent"])
+
+    def summary(self, record: Optional[dict[str, Any]], spent: dict[str, Any]) -> dict[str, Any]:
+        """summary.json's account: why the run ended (`steps`: it ran them all), the budget, and
+        what was spent (`spent`: samples, all ranks' bytes and wall-clock at the end, the
+        plugin's finalize and the final evaluation included)."""
+        return {"stop_reason": record["reason"] if record else "steps", "budget": self.budget.record(),
+                "spent": spent, **({"budget_step": record["step"]} if record else {})}
 
     def reason(self, step: int) -> Optional[Stop]:
         """Why to stop after `step` (None: go on); a collective every `check_every` steps."""

@@ -39,7 +39,7 @@ from engine.train.optim import Schedule, build_optimizer
 from engine.train.rng import capture_rng, restore_rng, seed_everything
 from engine.train.state import TrainState
 from engine.train.step import LocalStep
-from engine.train.stop import StopAgreement
+from engine.train.stop import Budget, StopAgreement
 from models import build_model
 from models.flops import train_flops_per_sample
 
@@ -159,10 +159,11 @@ class Trainer:
         if started is not None and started["event"] == "resume" and self.report:
             self.report.note({"kind": "restart", "step": st.step, "attempt": started["attempt"],
                               **fault_summary(FaultLog(self.plan.run_dir).events(), self.plan.num_train_ranks)})
-        stop = StopAgreement(cfg.train.stop_after, cfg.train.preempt_check_every, self.total_steps)
+        stop = self.stop = StopAgreement(cfg.train.stop_after, cfg.train.preempt_check_every, self.total_steps,
+                                         Budget.of(cfg.train), self.plan.batch.per_rank * self.plan.num_train_ranks)
         stopped: Optional[str] = None
         try:
-            stopped = self._loop(stop)
+            stopped = None if self._budget_already_spent() else self._loop(stop)
             return self._finish() if stopped is None else None
         finally:
             stop.close()
@@ -191,6 +192,9 @@ class Trainer:
             if self.report:
                 self.report.after_step(st, self.schedule.lr_at(st.step), self.is_worker,
                                        {**self.algo.comm.as_metrics(), **self.algo.metrics()})
+            st.budget_stop = stop.budget_spent(st.step, self.algo.comm.as_metrics()["comm_bytes"], st.elapsed())
+            if st.budget_stop is not None:  # the run ends here: _finish evaluates and checkpoints it
+                break
             improved = False
             if self.evaluator.due(st.step, st.epoch, epoch_end):
                 with clock.paused():
@@ -206,6 +210,22 @@ class Trainer:
                 return reason.message
         clock.pause()
         return None
+
+    def _budget_already_spent(self) -> bool:
+        """A resumed run that a budget ended continues to nothing while that budget is spent
+        (it re-reports, as a finished run does); a raised or removed budget trains on."""
+        st = self.state
+        if st.budget_stop is None:
+            return False
+        if self.stop.still_spent(st.budget_stop):
+            if self.reporting:
+                kind = st.budget_stop["reason"]
+                log.warning("nothing to continue: train.%s=%s was spent at step %d (%s); the run is complete. "
+                            "Raise train.%s to train on", kind, getattr(self.plan.config.train, kind),
+                            st.budget_stop["step"], st.budget_stop["spent"], kind)
+            return True
+        st.budget_stop, st.finalized = None, False
+        return False
 
     def _batches(self) -> Iterator[Batch]:
         if not self.is_worker:
@@ -241,6 +261,10 @@ class Trainer:
                 "algo": self.algo.summary(), "imbalance_s": self.imbalance.injected_s}
         summary = gather_summary(mine, self.ctx.world_size, self.reporting, result, st, self.facts,
                                  self.best_metric, self.plan.algo.merge_summaries, self.split_record)
+        if summary is not None:
+            summary.update(self.stop.summary(st.budget_stop, {"samples": st.samples_seen,
+                                                               "bytes": summary["comm_bytes"],
+                                                               "wall_s": summary["wall_s"]}))
         if summary is not None and self.report:
             summary.update(fault_summary(FaultLog(self.plan.run_dir).events(), self.plan.num_train_ranks))
             self.report.finish(summary)

@@ -1,0 +1,164 @@
+"""The comparison protocol of tables, from written result files (no training runs): tuning picks
+by validation, cells carry 95% Student-t intervals checked against hand-computed ones, the
+difference from the baseline is paired by seed (Welch's without pairs), every-algorithm tables
+take their rows from the registry and each algorithm's CPU recipe."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+from core.errors import UserError
+
+T_975_DF2 = 4.302652729911275  # Student t, 97.5% quantile, 2 degrees of freedom (printed t tables: 4.303)
+T_975_DF3 = 3.182446305284263  # 3 degrees of freedom (3.182)
+
+
+def test_interval_of_three_seeds_is_the_hand_computed_t_interval() -> None:
+    from engine.tables.stats import half_width, t_quantile
+
+    assert t_quantile(2) == pytest.approx(T_975_DF2, abs=1e-9)
+    values = [0.90, 0.92, 0.97]  # mean 0.93; deviations -0.03, -0.01, 0.04; s^2 = 0.0026 / 2
+    s = math.sqrt(0.0013)
+    assert half_width(values) == pytest.approx(T_975_DF2 * s / math.sqrt(3), rel=1e-9)  # 0.08957
+    assert half_width(values) == pytest.approx(0.08957, abs=1e-5)
+    assert half_width([0.9]) is None
+
+
+def test_paired_difference_resolves_only_when_its_interval_excludes_zero() -> None:
+    from engine.tables.stats import difference
+
+    base = {0: 0.90, 1: 0.92, 2: 0.97}
+    # differences 0.05, 0.04, 0.02: mean 0.03667, s = 0.015275, half-width 4.3027 * s / sqrt(3) = 0.03795
+    loose = difference({0: 0.95, 1: 0.96, 2: 0.99}, base)
+    assert loose.method == "paired" and loose.mean == pytest.approx(0.036667, abs=1e-6)
+    assert loose.low == pytest.approx(0.036667 - 0.037946, abs=1e-5) and not loose.resolved
+    # differences 0.05, 0.05, 0.06: mean 0.05333, s = 0.0057735, half-width 0.014342: [0.0390, 0.0677]
+    tight = difference({0: 0.95, 1: 0.97, 2: 1.03}, base)
+    assert tight.low == pytest.approx(0.053333 - 0.014342, abs=1e-5)
+    assert tight.high == pytest.approx(0.053333 + 0.014342, abs=1e-5) and tight.resolved
+    # unpaired (a seed missing on one side): Welch, df = 2.92 here, so t lies between t(3) and t(2)
+    welch = difference({0: 0.95, 1: 0.96, 2: 0.99}, {0: 0.90, 1: 0.92})
+    se = math.sqrt(0.00043333 / 3 + 0.0002 / 2)
+    t = (welch.high - welch.mean) / se
+    assert welch.method == "welch" and T_975_DF3 < t < T_975_DF2
+    assert welch.mean == pytest.approx(0.966667 - 0.91, abs=1e-6)
+
+
+def _write_run(run: Any, summary: dict[str, Any], evals: list[dict[str, Any]] = ()) -> None:
+    run.root.mkdir(parents=True, exist_ok=True)
+    run.summary.write_text(json.dumps(summary))
+    run.metrics.write_text("".join(json.dumps({"kind": "eval", **e}) + "\n" for e in evals))
+
+
+def _table(out: Path, rows: list[dict[str, Any]], **extra: Any) -> Any:
+    return OmegaConf.create({"name": "t", "baseline": "base", "seeds": [0, 1, 2], "tune_seeds": [0, 1],
+                             "plots": ["accuracy", "pareto"], "paper_metrics": [], "rows": rows, **extra})
+
+
+def test_tuning_picks_the_validation_winner_where_test_disagrees(tmp_path: Path, capsys: Any) -> None:
+    """lr 0.1 is best on validation, lr 0.3 on test: the table runs and reports lr 0.1."""
+    from engine.tables.config import RowConfig, row_dir
+    from engine.tables.runner import run_table
+    from engine.tables.tuning import grid_settings, tune_dir
+
+    grid = {"optim.lr": [0.03, 0.1, 0.3]}
+    val = {0.03: (0.80, 0.82), 0.1: (0.95, 0.93), 0.3: (0.90, 0.92)}  # means 0.81, 0.94, 0.91
+    test = {0.03: 0.80, 0.1: 0.90, 0.3: 0.97}
+    for setting in grid_settings(grid):
+        lr = setting[0][1]
+        for seed, v in zip([0, 1], val[lr]):
+            _write_run(tune_dir(tmp_path, "tuned", setting, seed), {"val_acc": v, "test_acc": test[lr]})
+    reported = {"base": [0.90, 0.92, 0.97], "tuned": [0.95, 0.97, 1.03]}
+    for label, accs in reported.items():
+        for seed, acc in enumerate(accs):
+            _write_run(row_dir(tmp_path, RowConfig(label=label), seed),
+                       {"test_acc": acc, "val_acc": acc, "comm_bytes": 1e6 * (seed + 1), "steps": 10},
+                       [{"step": 5, "test_acc": acc - 0.1, "comm_bytes_total": 5e5},
+                        {"step": 10, "test_acc": acc, "comm_bytes_total": 1e6}])
+    table = _table(tmp_path, [{"label": "base"}, {"label": "tuned", "tune": grid}], columns=["test_acc", "comm_bytes"],
+                   ratios=["comm_bytes"])
+    assert run_table(table, tmp_path) == 0  # every run is already complete: nothing trains
+    printed = capsys.readouterr().out
+    assert "running" not in printed and printed.count("already complete") == 6 + 6
+    markdown = (tmp_path / "table.md").read_text()
+    assert "| tuned | optim.lr_0.1 | 0.9400 | 2/2 | **yes** |" in markdown, markdown
+    assert "| tuned | optim.lr_0.3 | 0.9100 | 2/2 |  |" in markdown
+    # the reported cell: mean 0.9833 +- the t interval of [0.95, 0.97, 1.03]; difference resolved
+    hw = T_975_DF2 * math.sqrt(((0.95 - 0.98333) ** 2 + (0.97 - 0.98333) ** 2 + (1.03 - 0.98333) ** 2) / 2) / math.sqrt(3)
+    assert f"| tuned | 0.9833 ± {hw:.4f} |" in markdown
+    assert "+0.0533 [+0.0390, +0.0677] **resolved**" in markdown
+    rows = {r["label"]: r for r in (tmp_path / "table.csv").read_text().splitlines()[1:] and _csv(tmp_path)}
+    assert rows["tuned"]["tuned"] == "optim.lr_0.1" and rows["tuned"]["diff_method"] == "paired"
+    assert (tmp_path / "accuracy.png").is_file() and (tmp_path / "pareto.png").is_file()
+
+
+def _csv(out: Path) -> list[dict[str, str]]:
+    import csv
+
+    with open(out / "table.csv") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_a_setting_with_a_missing_run_cannot_win(tmp_path: Path) -> None:
+    from engine.tables.tuning import choose, grid_settings, tune_dir
+
+    grid = {"optim.lr": [0.1, 0.3]}
+    first, second = grid_settings(grid)
+    _write_run(tune_dir(tmp_path, "r", first, 0), {"val_acc": 0.5})
+    _write_run(tune_dir(tmp_path, "r", first, 1), {"val_acc": 0.5})
+    _write_run(tune_dir(tmp_path, "r", second, 0), {"val_acc": 0.99})  # seed 1 failed
+    tuned = choose(tmp_path, "r", grid, [0, 1], "val_acc")
+    assert tuned.winner == first and tuned.results[1][1:] == (None, 1)
+
+
+def test_selection_on_a_test_metric_is_refused() -> None:
+    from engine.tables.config import load_table
+
+    with pytest.raises(UserError, match="select_metric=best_test_acc would choose on the test set"):
+        load_table(OmegaConf.create({"name": "t", "select_metric": "best_test_acc", "rows": [{"label": "a"}]}))
+
+
+def test_variants_budget_and_quick_expand_the_rows() -> None:
+    from engine.tables.config import load_table
+
+    node = {"name": "t", "baseline": "a", "seeds": [0, 1, 2], "tune": {"optim.lr": [0.1, 0.3]},
+            "budget": {"train.budget_samples": 1000}, "variants": {"iid": ["data.partition=iid"], "skew": ["x=1"]},
+            "rows": [{"label": "a"}, {"label": "b", "overrides": ["y=2"]}, {"label": "c"}], "quick_rows": ["b"],
+            "quick_overrides": ["train.epochs=1"]}
+    full = load_table(OmegaConf.create(node))
+    assert [r.label for r in full.rows] == ["a@iid", "b@iid", "c@iid", "a@skew", "b@skew", "c@skew"]
+    assert [r.baseline for r in full.rows] == ["a@iid"] * 3 + ["a@skew"] * 3
+    assert full.rows[4].overrides == ["x=1", "y=2"] and full.overrides == ["train.budget_samples=1000"]
+    quick = load_table(OmegaConf.create({**node, "quick": True}))
+    assert [r.label for r in quick.rows] == ["a@iid", "b@iid", "a@skew", "b@skew"]  # b and the baseline row
+    assert quick.seeds == [0] and not quick.tune and all(r.tune == {} for r in quick.rows)
+    assert quick.overrides == ["train.budget_samples=1000", "train.epochs=1"]
+    with pytest.raises(UserError, match="train.steps_budget is not train.budget_samples"):
+        load_table(OmegaConf.create({**node, "budget": {"train.steps_budget": 3}}))
+
+
+def test_every_algorithm_rows_come_from_the_registry_and_each_cpu_recipe(tmp_path: Path, monkeypatch: Any) -> None:
+    """A new plugin with its recipe gets a row with no other edit; without one, the error names
+    the file to create and what it must train."""
+    import dist_algos
+    from engine.tables import config
+
+    registered = dist_algos.list_algorithms()
+    monkeypatch.setattr(dist_algos, "list_algorithms", lambda: [*registered, "toy_sgd"])
+    for name in registered:
+        (tmp_path / f"{name}.yaml").write_text("# @package _global_\n")
+    with pytest.raises(UserError) as err:
+        config.algorithm_rows(tmp_path)
+    line = str(err.value)
+    assert f"create {tmp_path / 'toy_sgd.yaml'}" in line and "override /algo: toy_sgd" in line
+    assert "small_cnn, digits, 30 epochs, 4 ranks" in line and "\n" not in line
+    (tmp_path / "toy_sgd.yaml").write_text("# @package _global_\n")
+    (tmp_path / "toy_compressed.yaml").write_text("# @package _global_\n")  # a method: a row too
+    rows = config.algorithm_rows(tmp_path)
+    assert [r.label for r in rows] == [*registered, "toy_sgd", "toy_compressed"]
+    assert rows[-2].recipe == f"{tmp_path.name}/toy_sgd"
