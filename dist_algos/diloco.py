@@ -41,6 +41,7 @@ from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, HyperParams, StepContext, TrainInfo
 from dist_algos.comm import allreduce_bytes
 from dist_algos.flat import FlatBuffer, average_
+from dist_algos.ft_round import run_round
 from dist_algos.local_sgd import LocalModelConfig, LocalSGD, check_local_model_options
 from dist_algos.sync_schedule import SyncRule
 
@@ -98,20 +99,46 @@ class DiLoCo(LocalSGD):
         self.pending = [True] * self.cfg.fragments
         super().step(ctx)  # the inner step; `_average_models` when a synchronisation is due
 
-    def _average_models(self) -> None:
-        self._outer_step([self.next_fragment])
+    def _average_models(self) -> bool:
+        if not self._outer_step([self.next_fragment]):
+            return False  # fault-tolerant mode: the same fragment is retried at the next synchronisation
         self.next_fragment = (self.next_fragment + 1) % self.cfg.fragments
+        return True
 
-    def _outer_step(self, fragments: list[int]) -> None:
+    def _outer_step(self, fragments: list[int]) -> bool:
         """Average the fragments' parameters over the workers, apply the outer optimizer to them,
-        restart every worker from the new global values (one synchronisation)."""
+        restart every worker from the new global values (one synchronisation). In fault-tolerant
+        mode a failed round restores the fragments' global values (the inner steps since are lost,
+        as in torchft's DiLoCo) and returns False."""
         spans = [s for f in fragments for s in self.fragment_spans[f]]
-        pieces = [self.flat.buffers[i][lo:hi] for i, lo, hi in spans + self.stat_spans]
+
+        def pieces_now() -> list[torch.Tensor]:  # read after a possible heal
+            return [self.flat.buffers[i][lo:hi] for i, lo, hi in spans + self.stat_spans]
+
+        if self.ft_rounds is not None:
+            def restore_global(_: object) -> None:
+                for i, lo, hi in spans + self.stat_spans:
+                    self.flat.buffers[i][lo:hi].copy_(self.global_model[i][lo:hi])
+            with self.comm.timed():
+                committed = run_round(self.ft_rounds, pieces_now, restore_global)
+            pieces = pieces_now()
+            nbytes = allreduce_bytes(sum(t.numel() * t.element_size() for t in pieces), self.ft_rounds.participants)
+            self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
+            if not committed:
+                return False
+            self._apply_outer(fragments, spans)
+            return True
+        pieces = pieces_now()
         if self.world > 1:
             with self.comm.timed():
                 average_(pieces, None, self.world, bucket_bytes=self.bucket_bytes)
         nbytes = allreduce_bytes(sum(t.numel() * t.element_size() for t in pieces), self.world)
         self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
+        self._apply_outer(fragments, spans)
+        return True
+
+    def _apply_outer(self, fragments: list[int], spans: list[Span]) -> None:
+        """The outer step on the averaged fragments (the flat buffer holds the mean)."""
         cfg = self.cfg
         for i, lo, hi in spans:
             outer_step_(self.global_model[i][lo:hi], self.outer_momentum_buffer[i][lo:hi],

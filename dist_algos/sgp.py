@@ -42,6 +42,7 @@ class SgpConfig(AlgoConfig):
 
 @register_algorithm("sgp")
 class Sgp(DistAlgorithm):
+    ft_refusal = "push-sum gossip with fixed out-neighbours, not an average over whoever is alive"
     Config = SgpConfig
     test_world_size = 4
 

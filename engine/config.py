@@ -26,6 +26,7 @@ from core.errors import UserError
 from core.schema import Section, config_error_line, freeze, to_container, typed_section
 from data import DataConfig, PathsConfig, data_spec, load_data_config
 from dist_algos.base import AlgoConfig
+from engine.ft.config import FTConfig
 from engine.launch.config import LaunchConfig, load_launch_config
 from engine.report.metrics import LoggerConfig
 from engine.tables.config import TableConfig
@@ -51,6 +52,7 @@ class RunSchema:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    ft: FTConfig = field(default_factory=FTConfig)
     model: Any = None  # the model group's node (models' registry)
     data: Any = None  # the data group's node (data sets' registry)
     algo: Any = None  # the algo group's node (the plugin's config dataclass)
@@ -74,6 +76,7 @@ class RunConfig(Section):
     launch: LaunchConfig
     logger: LoggerConfig
     dist: DistConfig
+    ft: FTConfig
     raw: DictConfig = field(repr=False)  # the resolved composed config, for saving and logging
 
 
@@ -123,6 +126,7 @@ def load_run_config(cfg: DictConfig) -> RunConfig:
         checkpoint=typed_section(CheckpointConfig, cfg.get("checkpoint"), "checkpoint"),
         launch=load_launch_config(cfg.get("launch")),
         logger=typed_section(LoggerConfig, cfg.get("logger"), "logger"),
-        dist=typed_section(DistConfig, cfg.get("dist"), "dist"), raw=cfg,
+        dist=typed_section(DistConfig, cfg.get("dist"), "dist"),
+        ft=typed_section(FTConfig, cfg.get("ft"), "ft"), raw=cfg,
     )
     return freeze(run)

@@ -25,6 +25,7 @@ from models import check_buildable
 from engine.checkpoint.files import Manifest
 from engine.checkpoint.resume import init_source, resume_candidates
 from engine.config import RunConfig, load_run_config
+from engine.ft.config import check_ft
 from engine.launch.config import Launcher, launch_shape
 from engine.train.optim import hyper_params, peak_lr, warmup_steps
 
@@ -84,6 +85,7 @@ def build_plan(config: RunConfig, run_dir: RunDir, world_size: int, ranks_per_no
     batch = plan_batch(config.train, max(len(layout.train), 1))
     hyper = hyper_params(config.optim, peak_lr(config.optim, batch.global_batch), config.train.grad_clip)
     algo.validate(config.algo, world_size, ranks_per_node, hyper)
+    check_ft(config.ft, config.algo.name, algo.ft_refusal, config.launch)
     samples = num_train_samples(config.data)
     if samples is not None and batch.global_batch > samples:
         raise UserError(f"launch.nproc={world_size}: {len(layout.train)} training ranks x batch {batch.per_rank} "
