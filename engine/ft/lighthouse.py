@@ -54,6 +54,7 @@ class Lighthouse:
                                 f"see {log}")
             try:
                 socket.create_connection((host, port), timeout=0.5).close()
+                (log.parent / "lighthouse.pid").write_text(f"{proc.pid}\n")
                 return Lighthouse(host, port, proc, log)
             except OSError:
                 time.sleep(0.05)

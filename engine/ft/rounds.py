@@ -12,6 +12,7 @@ Every round is recorded: step, participants, committed, healed.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -61,20 +62,38 @@ def wait_at_start_gate(logs: Path, replica: int, timeout_s: float) -> None:
         time.sleep(0.05)
 
 
+def model_digest(model_state: dict[str, torch.Tensor]) -> str:
+    """sha256 over a model state's tensors in key order (the same bytes give the same digest)."""
+    digest = hashlib.sha256()
+    for key in sorted(model_state):
+        digest.update(key.encode())
+        digest.update(model_state[key].detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
 class ManagerRounds(RoundAverager):
     def __init__(self, cfg: FTConfig, replica: int, host: str, store_port: int, lighthouse: str,
                  timeout_s: float, state_dict: Callable[[], dict[str, Any]],
                  on_heal: Callable[[dict[str, Any]], None], trainer_step: Callable[[], int],
                  gate: Optional[Path] = None) -> None:
-        self._on_heal, self._trainer_step = on_heal, trainer_step
+        self._on_heal, self._trainer_step, self._own_state = on_heal, trainer_step, state_dict
         self._healed = False
         self.record: list[list[Any]] = []  # [step, participants, committed, healed, seconds]
         self.heal_seconds: list[float] = []
+        # sha256 of the model state this replica sent to a healing peer / loaded when it healed,
+        # with the trainer step: a heal delivered exactly what the peer had (tests compare them)
+        self.sent: list[list[Any]] = []
+        self.received: list[list[Any]] = []
+
+        def send_state() -> dict[str, Any]:
+            state = state_dict()
+            self.sent.append([trainer_step(), model_digest(state["model"])])
+            return state
         timeout = timedelta(seconds=timeout_s)
         quorum = timedelta(seconds=cfg.quorum_timeout_s or DEFAULT_QUORUM_TIMEOUT_S)
         with _manager_server_bound_to(host):
             self.manager = Manager(
-                pg=ProcessGroupGloo(timeout=timeout), load_state_dict=self._load, state_dict=state_dict,
+                pg=ProcessGroupGloo(timeout=timeout), load_state_dict=self._load, state_dict=send_state,
                 min_replica_size=cfg.min_replicas, use_async_quorum=False, timeout=timeout,
                 quorum_timeout=quorum, connect_timeout=timeout, rank=0, world_size=1, store_addr=host,
                 store_port=store_port, lighthouse_addr=lighthouse, replica_id=f"replica_{replica}",
@@ -88,6 +107,7 @@ class ManagerRounds(RoundAverager):
         started = time.perf_counter()
         self._on_heal(state)
         self._healed = True
+        self.received.append([self._trainer_step(), model_digest(self._own_state()["model"])])  # as loaded
         self.heal_seconds.append(time.perf_counter() - started)
         log.warning("healed from a live peer: now at step %d", self._trainer_step())
 
@@ -139,7 +159,8 @@ class ManagerRounds(RoundAverager):
         return {"rounds": len(self.record), "committed": len(committed),
                 "failed": len(self.record) - len(committed), "heals": len(self.heal_seconds),
                 "heal_s": [round(s, 4) for s in self.heal_seconds],
-                "participants": [[r[0], r[1], r[2]] for r in self.record]}
+                "participants": [[r[0], r[1], r[2]] for r in self.record],
+                "sent_state": self.sent, "healed_state": self.received}
 
     def close(self) -> None:
         self.manager.shutdown(wait=False)
