@@ -57,7 +57,8 @@ def test_a_killed_replica_is_replaced_heals_and_the_job_succeeds(algo: list[str]
                                                                    tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     start = time.monotonic()
-    job = start_job([*algo, "ft.enabled=true", "launch.nproc=3", "train.max_steps=120", "train.eval_every_steps=0",
+    job = start_job([*algo, "ft.enabled=true", "launch.nproc=3", "train.max_steps=200",
+                     "train.imbalance.delay_ms=120",
                      f"hydra.run.dir={run_dir}"], cli_env)
     wait_for(lambda: replica_step(run_dir, 1) >= 20 or job.poll() is not None, 120, "replica 1 at step 20")
     assert job.poll() is None, job.communicate()[1][-3000:]
@@ -81,7 +82,7 @@ def test_a_killed_replica_is_replaced_heals_and_the_job_succeeds(algo: list[str]
     assert (healed_step, healed_digest) in sent, (replacement["healed_state"], sent)
     # and rejoined: the last rounds have all three again, committed on every replica
     assert all(r[1] == 3 and r[2] for r in survivor["participants"][-2:]), survivor["participants"]
-    assert summary["steps"] == 120 and summary["test_acc"] > 0.8, summary
+    assert summary["steps"] == 200 and summary["test_acc"] > 0.8, summary
     print(f"{algo[0]}: killed at step {killed_at}, healed at {healed_step}, {elapsed:.1f} s")
 
 
@@ -97,7 +98,7 @@ def test_wagma_refuses_fault_tolerant_mode_in_one_line(cli_env: dict, tmp_path: 
 def test_the_lighthouse_dies_the_job_ends_in_one_line_and_resumes(cli_env: dict, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     args = ["algo=local_sgd", "algo.period=4", "ft.enabled=true", "launch.nproc=2", "train.max_steps=150",
-            "train.eval_every_steps=0", "checkpoint.every_steps=20", f"hydra.run.dir={run_dir}"]
+            "checkpoint.every_steps=20", f"hydra.run.dir={run_dir}"]
     job = start_job(args, cli_env)
     wait_for(lambda: list(run_dir.glob("replicas/*/checkpoints/step_*/manifest.json")) or job.poll() is not None,
              150, "a checkpoint")
@@ -126,7 +127,7 @@ def _replica(index: int, lighthouse: str, out: str, dies: bool) -> None:
     port = free_port()
     store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)  # noqa: F841 (kept alive)
     model = torch.full((64,), float(index + 1))
-    rounds = ManagerRounds(FTConfig(enabled=True, heartbeat_timeout_s=1.0, min_replicas=2), index, "127.0.0.1", port, lighthouse,
+    rounds = ManagerRounds(FTConfig(enabled=True, heartbeat_timeout_s=1.0), index, 3, "127.0.0.1", port, lighthouse,
                            10.0, lambda: {"model": {"w": model}}, lambda s: None, lambda: 0, gate=Path(out).parent)
     log = []
     for round_no in range(3):
@@ -149,9 +150,8 @@ def test_a_replica_dying_inside_a_round_leaves_it_uncommitted_everywhere(tmp_pat
     from engine.ft.lighthouse import Lighthouse
 
     # two replicas make a quorum: the survivors' next round waits for both of them
-    house = Lighthouse.start("127.0.0.1", FTConfig(enabled=True, heartbeat_timeout_s=1.0, join_timeout_s=3.0,
-                                                   min_replicas=2),
-                             tmp_path / "lighthouse.log")
+    house = Lighthouse.start("127.0.0.1", FTConfig(enabled=True, heartbeat_timeout_s=1.0, join_timeout_s=3.0),
+                             tmp_path / "lighthouse.log", min_replicas=2)
     ctx = torch.multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_replica, args=(i, house.address, str(tmp_path / f"r{i}.json"), i == 2))
              for i in range(3)]

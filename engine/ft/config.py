@@ -14,11 +14,18 @@ class FTConfig(Section):
 
     enabled: bool = False
     lighthouse: Optional[str] = None  # host:port of a running lighthouse (a cluster's); None: cli.py starts one
-    min_replicas: int = option(1, ge=1)  # a round commits only with at least this many participants
+    # a quorum (and a commit) needs at least this many replicas; None: a majority of them, so that a
+    # replacement alone (or any minority) can never form a quorum of its own beside the survivors'
+    min_replicas: Optional[int] = option(None, ge=1)
     max_restarts: int = option(3, ge=0)  # restarts of each replica by the supervisor before it gives up
     quorum_timeout_s: Optional[float] = None  # None: covers the longest period (dist.timeout_s x max H, >= 60 s)
     join_timeout_s: float = option(1.0, gt=0)  # how long the lighthouse waits for stragglers before a quorum
     heartbeat_timeout_s: float = option(1.5, gt=0)  # a replica silent this long is out of the next quorum
+
+
+def quorum_size(ft: FTConfig, replicas: int) -> int:
+    """The smallest quorum: `ft.min_replicas`, or a majority of the replicas."""
+    return ft.min_replicas if ft.min_replicas is not None else replicas // 2 + 1
 
 
 def check_ft(ft: FTConfig, algo_name: str, ft_refusal: str, launch: Any) -> None:

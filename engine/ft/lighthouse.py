@@ -37,12 +37,12 @@ class Lighthouse:
         return f"http://{self.host}:{self.port}"
 
     @staticmethod
-    def start(host: str, cfg: FTConfig, log: Path, wait_s: float = 30.0) -> "Lighthouse":
+    def start(host: str, cfg: FTConfig, log: Path, min_replicas: int, wait_s: float = 30.0) -> "Lighthouse":
         """Start it on a free port of `host` and wait until it accepts connections."""
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
-        cmd = [lighthouse_binary(), "--bind", f"{host}:{port}", "--min_replicas", str(cfg.min_replicas),
+        cmd = [lighthouse_binary(), "--bind", f"{host}:{port}", "--min_replicas", str(min_replicas),
                "--join_timeout_ms", str(int(cfg.join_timeout_s * 1000)),
                "--heartbeat_timeout_ms", str(int(cfg.heartbeat_timeout_s * 1000)), "--quorum_tick_ms", "50"]
         log.parent.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ import torchft.manager as tft_manager
 from torchft import Manager, ProcessGroupGloo
 
 from dist_algos.ft_round import RoundAverager
-from engine.ft.config import FTConfig
+from engine.ft.config import FTConfig, quorum_size
 from engine.ft.transport import TensorOnlyTransport
 
 log = logging.getLogger("syncopt")
@@ -72,7 +72,7 @@ def model_digest(model_state: dict[str, torch.Tensor]) -> str:
 
 
 class ManagerRounds(RoundAverager):
-    def __init__(self, cfg: FTConfig, replica: int, host: str, store_port: int, lighthouse: str,
+    def __init__(self, cfg: FTConfig, replica: int, replicas: int, host: str, store_port: int, lighthouse: str,
                  timeout_s: float, state_dict: Callable[[], dict[str, Any]],
                  on_heal: Callable[[dict[str, Any]], None], trainer_step: Callable[[], int],
                  gate: Optional[Path] = None) -> None:
@@ -94,7 +94,7 @@ class ManagerRounds(RoundAverager):
         with _manager_server_bound_to(host):
             self.manager = Manager(
                 pg=ProcessGroupGloo(timeout=timeout), load_state_dict=self._load, state_dict=send_state,
-                min_replica_size=cfg.min_replicas, use_async_quorum=False, timeout=timeout,
+                min_replica_size=quorum_size(cfg, replicas), use_async_quorum=False, timeout=timeout,
                 quorum_timeout=quorum, connect_timeout=timeout, rank=0, world_size=1, store_addr=host,
                 store_port=store_port, lighthouse_addr=lighthouse, replica_id=f"replica_{replica}",
                 hostname=host, checkpoint_transport=TensorOnlyTransport(host, timeout), init_sync=False)

@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from core.errors import USER_ERROR_EXIT
 from core.rundir import SUPERVISED_ENV, RunDir
-from engine.ft.config import LIGHTHOUSE_ENV, REPLICA_ENV, FTConfig
+from engine.ft.config import LIGHTHOUSE_ENV, REPLICA_ENV, FTConfig, quorum_size
 from engine.ft.lighthouse import Lighthouse
 from engine.launch.launcher import REPO, free_port, omp_threads
 from engine.launch.config import LaunchConfig
@@ -96,7 +96,8 @@ class Supervisor:
     # ---- the job ----------------------------------------------------------------------------
     def run(self) -> int:
         if self.ft.lighthouse is None:
-            self.lighthouse = Lighthouse.start(self.host, self.ft, self.run_dir.logs / "lighthouse.log")
+            self.lighthouse = Lighthouse.start(self.host, self.ft, self.run_dir.logs / "lighthouse.log",
+                                               quorum_size(self.ft, self.count))
             address = self.lighthouse.address
         else:
             address = self.ft.lighthouse if "://" in self.ft.lighthouse else f"http://{self.ft.lighthouse}"

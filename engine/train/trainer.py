@@ -225,7 +225,7 @@ class Trainer:
         from engine.ft.rounds import ManagerRounds  # torchft only in this mode
 
         cfg = self.plan.config
-        self.ft_rounds = ManagerRounds(cfg.ft, replica.index, replica.host, replica.store_port, replica.lighthouse,
+        self.ft_rounds = ManagerRounds(cfg.ft, replica.index, replica.count, replica.host, replica.store_port, replica.lighthouse,
                                        cfg.dist.timeout_s, self.capture, self.load_healed, lambda: self.state.step,
                                        gate=self.plan.run_dir.root.parent.parent / "logs")
         self.algo.attach_ft_rounds(self.ft_rounds)
