@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -100,19 +100,24 @@ class DiLoCo(LocalSGD):
         super().step(ctx)  # the inner step; `_average_models` when a synchronisation is due
 
     def _average_models(self) -> bool:
-        if not self._outer_step([self.next_fragment]):
+        if not self._outer_step(lambda: [self.next_fragment]):
             return False  # fault-tolerant mode: the same fragment is retried at the next synchronisation
         self.next_fragment = (self.next_fragment + 1) % self.cfg.fragments
         return True
 
-    def _outer_step(self, fragments: list[int]) -> bool:
+    def _outer_step(self, which: Callable[[], list[int]]) -> bool:
         """Average the fragments' parameters over the workers, apply the outer optimizer to them,
         restart every worker from the new global values (one synchronisation). In fault-tolerant
         mode a failed round restores the fragments' global values (the inner steps since are lost,
         as in torchft's DiLoCo) and returns False."""
+        fragments = which()
         spans = [s for f in fragments for s in self.fragment_spans[f]]
 
-        def pieces_now() -> list[torch.Tensor]:  # read after a possible heal
+        def pieces_now() -> list[torch.Tensor]:
+            """Read after the quorum: a heal there may have moved this replica to another fragment."""
+            nonlocal fragments, spans
+            fragments = which()
+            spans = [s for f in fragments for s in self.fragment_spans[f]]
             return [self.flat.buffers[i][lo:hi] for i, lo, hi in spans + self.stat_spans]
 
         if self.ft_rounds is not None:
@@ -168,7 +173,7 @@ class DiLoCo(LocalSGD):
         pending = [f for f, due in enumerate(self.pending) if due]
         if pending:
             local_steps = self.local_steps
-            self._outer_step(pending)
+            self._outer_step(lambda: [f for f, due in enumerate(self.pending) if due])
             if local_steps:
                 self._after_sync(self.info.total_steps, local_steps)
         self._settle_bn(model)
