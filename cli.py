@@ -61,7 +61,8 @@ def main(cfg: DictConfig) -> None:
             lock.acquire()  # held until the run ends
         save_hydra_record(run_dir, cfg, hc)
     if plan.config.ft.enabled:  # one process per replica, restarted alone (engine/ft/supervisor.py)
-        code = supervise(plan.config.ft, plan.config.launch, run_dir, plan.world_size, list(hc.overrides.task))
+        code = supervise(plan.config.ft, plan.config.launch, run_dir, plan.world_size, list(hc.overrides.task),
+                         stall_after_s(plan.config.dist.timeout_s))
     elif _in_this_process(plan):
         code = rank.main(cfg, str(run_dir.root))
     else:

@@ -3,7 +3,8 @@
 DeepSpeed's per-node launcher ends every rank when one exits non-zero, which is exactly what
 fault-tolerant mode must not do. Here cli.py starts each replica itself (`python cli.py ...` with
 RANK=0, WORLD_SIZE=1 and a TCP store of its own: a replica group of one rank) and watches them by
-pid: a replica that dies (or is killed) is counted as a failure and restarted from its own last
+pid: a replica that dies (or is killed, or whose heartbeat stalls: then it is killed alone, by
+pid) is counted as a failure and restarted from its own last
 checkpoint, up to `ft.max_restarts` times; it heals from a live peer at its first round. The
 survivors go on meanwhile, their rounds with the participants they have. The job succeeds when
 every replica has finished or given up and at least one finished cleanly. If the lighthouse dies,
@@ -39,6 +40,7 @@ class ReplicaProcess:
     proc: Optional[subprocess.Popen] = None
     port: int = 0
     restarts: int = 0
+    beat: tuple[int, float] = (0, 0.0)  # (mtime_ns of its heartbeat file, when it last changed)
     exits: list[int] = field(default_factory=list)  # exit codes of its processes, in order
     done: bool = False  # finished cleanly or gave up
 
@@ -53,8 +55,9 @@ def replica_env(index: int, count: int, host: str, port: int, lighthouse: str, l
 
 
 class Supervisor:
-    def __init__(self, ft: FTConfig, launch: LaunchConfig, run_dir: RunDir, count: int, overrides: list[str]) -> None:
-        self.ft, self.launch, self.run_dir, self.count = ft, launch, run_dir, count
+    def __init__(self, ft: FTConfig, launch: LaunchConfig, run_dir: RunDir, count: int, overrides: list[str],
+                 stall_s: float = 30.0) -> None:
+        self.ft, self.launch, self.run_dir, self.count, self.stall_s = ft, launch, run_dir, count, stall_s
         self.host = launch.master_addr or "127.0.0.1"
         args = [o for o in overrides if not o.startswith(("hydra.run.dir=", "hydra.output_subdir="))]
         self.cmd = [sys.executable, str(REPO / "cli.py"), *args, f"hydra.run.dir={run_dir.root}",
@@ -67,6 +70,7 @@ class Supervisor:
     # ---- processes --------------------------------------------------------------------------
     def _start(self, rep: ReplicaProcess, address: str) -> None:
         rep.port = free_port(self.host)
+        rep.beat = (0, time.monotonic())
         log = self.run_dir.logs / f"replica_{rep.index}.out"
         log.parent.mkdir(parents=True, exist_ok=True)
         rep.proc = subprocess.Popen(self.cmd, env=replica_env(rep.index, self.count, self.host, rep.port, address,
@@ -138,6 +142,7 @@ class Supervisor:
                 self._write_summary(ended="lighthouse died")
                 return 1
             for rep in self.replicas:
+                self._kill_if_stalled(rep)
                 if rep.done or rep.proc is None or rep.proc.poll() is None:
                     continue
                 code = rep.proc.returncode
@@ -167,6 +172,24 @@ class Supervisor:
             return 1
         return 0
 
+    def _kill_if_stalled(self, rep: ReplicaProcess) -> None:
+        """A replica whose heartbeat (RUN/replicas/<i>/logs/rank_0.progress, written by a thread)
+        has not changed for `stall_s` while its process lives is stopped: kill it alone, by pid;
+        it is then restarted like any failed replica."""
+        if rep.done or rep.proc is None or rep.proc.poll() is not None:
+            return
+        try:
+            stamp = (self.run_dir.root / f"replicas/{rep.index}/logs/rank_0.progress").stat().st_mtime_ns
+        except OSError:
+            return  # not beating yet (starting up): nothing to judge
+        now = time.monotonic()
+        if stamp != rep.beat[0]:
+            rep.beat = (stamp, now)
+        elif now - rep.beat[1] >= self.stall_s:
+            print(f"syncopt: replica {rep.index} (pid {rep.proc.pid}) has been silent for {now - rep.beat[1]:.0f} s: "
+                  "killing it alone", file=sys.stderr, flush=True)
+            os.killpg(rep.proc.pid, signal.SIGKILL)
+
     def _report_user_error(self, rep: ReplicaProcess) -> None:
         error = self.run_dir.root / f"replicas/{rep.index}/logs/rank_0.error"
         line = error.read_text().strip() if error.exists() else f"replica {rep.index} exited with a user error"
@@ -194,5 +217,6 @@ class Supervisor:
         path.write_text(json.dumps(summary, indent=1, default=str))
 
 
-def supervise(ft: FTConfig, launch: LaunchConfig, run_dir: RunDir, count: int, overrides: list[str]) -> int:
-    return Supervisor(ft, launch, run_dir, count, overrides).run()
+def supervise(ft: FTConfig, launch: LaunchConfig, run_dir: RunDir, count: int, overrides: list[str],
+              stall_s: float = 30.0) -> int:
+    return Supervisor(ft, launch, run_dir, count, overrides, stall_s).run()
