@@ -57,6 +57,20 @@ def wait_for(predicate: Any, timeout: float, what: str) -> None:
 ], ids=["local_sgd", "diloco_2_fragments"])
 def test_a_killed_replica_is_replaced_heals_and_the_job_succeeds(algo: list[str], min_acc: float | None,
                                                                    cli_env: dict, tmp_path: Path) -> None:
+    err = fail_one_replica_and_check(algo, min_acc, cli_env, tmp_path, signal.SIGKILL)
+    assert "replica 1 died (exit code -9); restarting it" in err
+
+
+def test_a_stalled_replica_is_killed_alone_by_pid_and_replaced(cli_env: dict, tmp_path: Path) -> None:
+    """SIGSTOP: the process lives but its heartbeat stops; the supervisor kills it after
+    stall_after_s(dist.timeout_s=20) = 10 s, and it is replaced like a dead one."""
+    err = fail_one_replica_and_check(["algo=local_sgd", "algo.period=4", "dist.timeout_s=20"], 0.8, cli_env,
+                                     tmp_path, signal.SIGSTOP)
+    assert "syncopt: replica 1 (pid" in err and "killing it alone" in err, err[-3000:]
+
+
+def fail_one_replica_and_check(algo: list[str], min_acc: float | None, cli_env: dict, tmp_path: Path,
+                               sig: signal.Signals) -> str:
     run_dir = tmp_path / "run"
     start = time.monotonic()
     job = start_job([*algo, "ft.enabled=true", "launch.nproc=3", "train.max_steps=200",
@@ -65,7 +79,7 @@ def test_a_killed_replica_is_replaced_heals_and_the_job_succeeds(algo: list[str]
     wait_for(lambda: replica_step(run_dir, 1) >= 20 or job.poll() is not None, 120, "replica 1 at step 20")
     assert job.poll() is None, job.communicate()[1][-3000:]
     victim = int((run_dir / "logs/replica_1.pid").read_text())
-    os.kill(victim, signal.SIGKILL)
+    os.kill(victim, sig)
     killed_at = max(replica_step(run_dir, 0), replica_step(run_dir, 2))
     out, err = job.communicate(timeout=240)
     elapsed = time.monotonic() - start
@@ -88,7 +102,8 @@ def test_a_killed_replica_is_replaced_heals_and_the_job_succeeds(algo: list[str]
     # every replica ends with the same model (BatchNorm statistics aside, which stay per replica)
     accs = [json.loads((run_dir / f"replicas/{i}/summary.json").read_text())["test_acc"] for i in range(3)]
     assert max(accs) - min(accs) <= 0.03, accs
-    print(f"{algo[0]}: killed at step {killed_at}, healed at {healed_step}, {elapsed:.1f} s")
+    print(f"{algo[0]} {sig.name}: at step {killed_at}, healed at {healed_step}, {elapsed:.1f} s")
+    return err
 
 
 def test_wagma_refuses_fault_tolerant_mode_in_one_line(cli_env: dict, tmp_path: Path) -> None:
