@@ -246,3 +246,24 @@ def test_a_crafted_pickle_fed_through_healing_is_refused_not_executed(tmp_path: 
     got = transport.recv_checkpoint(0, transport.metadata(), 7, timedelta(seconds=5))
     assert torch.equal(got["user"]["default"]["w"], torch.arange(3.0)) and got["torchft"] == {"step": 7}
     transport.shutdown()
+
+
+def test_without_failures_fault_tolerant_qsr_equals_the_plain_run(cli_env: dict, tmp_path: Path) -> None:
+    """The same local SGD (QSR) job through torchft's rounds and through one gloo group gives the
+    same run: the same schedule of rounds, the same loss to float rounding (torchft sums then
+    divides where the plain group averages), every round with all three replicas."""
+    results = {}
+    for ft in ("true", "false"):
+        run_dir = tmp_path / ft
+        proc = subprocess.run([sys.executable, CLI, "algo=local_sgd", "algo.sync_schedule=qsr", f"ft.enabled={ft}",
+                               "launch.nproc=3", "train.max_steps=100", f"hydra.run.dir={run_dir}"],
+                              capture_output=True, text=True, env=cli_env, cwd=REPO, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[ft] = json.loads((run_dir / "summary.json").read_text())
+    ft_run, plain = results["true"], results["false"]
+    assert ft_run["algo_stats"]["H_rounds"] == plain["algo_stats"]["H_rounds"]
+    assert ft_run["test_acc"] == plain["test_acc"]
+    assert abs(ft_run["test_loss"] - plain["test_loss"]) <= 1e-6 * abs(plain["test_loss"])
+    rounds = ft_run["ft"]["per_replica"]["0"]["participants"]
+    assert len(rounds) == sum(r[2] for r in plain["algo_stats"]["H_rounds"])  # the run ends on a round
+    assert all(r[1] == 3 and r[2] for r in rounds) and ft_run["ft"]["failures"] == 0
