@@ -30,6 +30,7 @@ from core.rundir import RunDir
 from core.schema import config_error_line
 from engine import rank
 from engine.config import register_schemas
+from engine.ft.supervisor import supervise
 from engine.launch.config import Launcher
 from engine.launch.launcher import stopped_message
 from engine.launch.restart import launch_with_restarts
@@ -60,7 +61,10 @@ def main(cfg: DictConfig) -> None:
         if not (launch_cfg.no_ssh and launch_cfg.node_rank):  # node 0's cli.py owns a shared directory
             lock.acquire()  # held until the run ends
         save_hydra_record(run_dir, cfg, hc)
-    if _in_this_process(plan):
+    if plan.config.ft.enabled:  # one process per replica, restarted alone (engine/ft/supervisor.py)
+        code = supervise(plan.config.ft, plan.config.launch, run_dir, plan.world_size, list(hc.overrides.task),
+                         stall_after_s(plan.config.dist.timeout_s))
+    elif _in_this_process(plan):
         code = rank.main(cfg, str(run_dir.root))
     else:
         code = launch_with_restarts(plan, run_dir, list(hc.overrides.task))

@@ -165,6 +165,7 @@ class PairwiseAverager:
 
 @register_algorithm("adpsgd")
 class Adpsgd(DistAlgorithm):
+    ft_refusal = "asynchronous gossip pairs fixed ranks, not an average over whoever is alive"
     Config = AdpsgdConfig
     test_world_size = 4
     deterministic_overrides = {"asynchronous": False}

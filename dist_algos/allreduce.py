@@ -27,6 +27,7 @@ from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, Scenario, StepContext, TrainInfo
 from dist_algos.comm import allreduce_bytes
 from dist_algos.flat import average_, flat_grads
+from dist_algos.ft_round import run_round
 from dist_algos.grad_buckets import MIB, OverlappedAverage
 
 
@@ -40,6 +41,7 @@ class AllreduceConfig(AlgoConfig):
 
 @register_algorithm("allreduce")
 class Allreduce(DistAlgorithm):
+    ft_refusal = ""  # a failed round skips the update
     Config = AllreduceConfig
     test_scenarios = {"overlapped": Scenario()}
     reference = "tests.references:ALLREDUCE"
@@ -48,6 +50,7 @@ class Allreduce(DistAlgorithm):
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: TrainInfo) -> None:
         super().setup(model, optimizer, info)
+        self.failed_rounds: list[int] = []  # fault-tolerant mode: steps whose round was not committed
         world = self.ctx.world_size
         if self.cfg.overlap and world > 1:
             self.overlapped = OverlappedAverage(list(model.parameters()), world,
@@ -59,6 +62,9 @@ class Allreduce(DistAlgorithm):
             self.nbytes = self.grads.nbytes
 
     def step(self, ctx: StepContext) -> None:
+        if self.ft_rounds is not None:
+            self._fault_tolerant_step(ctx)
+            return
         world = self.ctx.world_size
         if world > 1:
             with self.comm.timed():  # what this rank waits for: the transfer not hidden behind backward
@@ -68,6 +74,32 @@ class Allreduce(DistAlgorithm):
                     average_(self.grads, group=None, group_size=world)
             self.comm.add(sent=allreduce_bytes(self.nbytes, world), recv=allreduce_bytes(self.nbytes, world), syncs=1)
         ctx.optimizer_step()
+
+    def _fault_tolerant_step(self, ctx: StepContext) -> None:
+        """One round per step: the mean gradient over the live replicas, then the update; a failed
+        round skips the update (its gradient is discarded, as torchft's OptimizerWrapper does). A
+        replica that healed in this round holds the peer's model, so its own gradient (computed on
+        the model it had) is stale: it contributes zeros for that one round."""
+        rounds = self.ft_rounds
+        assert rounds is not None
+
+        def contribution() -> list[torch.Tensor]:
+            if rounds.healed:
+                for buf in self.grads:
+                    buf.zero_()
+            return list(self.grads)
+
+        with self.comm.timed():
+            committed = run_round(rounds, contribution, lambda _: None)
+        nbytes = allreduce_bytes(self.nbytes, rounds.participants)
+        self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
+        if committed:
+            ctx.optimizer_step()
+        else:
+            self.failed_rounds.append(rounds.step)
+
+    def summary(self) -> dict[str, object]:
+        return {"failed_rounds": list(self.failed_rounds)} if self.ft_rounds is not None else {}
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

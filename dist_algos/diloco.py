@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -48,6 +48,7 @@ from dist_algos.base import AlgoConfig, Scenario, StepContext, TrainInfo
 from dist_algos.comm import allreduce_bytes
 from dist_algos.flat import FlatBuffer, average_
 from dist_algos.compress.outer import OuterExchange, check_outer_options
+from dist_algos.ft_round import run_round
 from dist_algos.local_sgd import LocalModelConfig, LocalSGD
 from dist_algos.sync_schedule import SyncRule
 
@@ -119,24 +120,56 @@ class DiLoCo(LocalSGD):
         if self.outer is not None:
             self.outer.land_due(self.flat, ctx.step + 1)
 
-    def sync_round(self) -> None:
+    def sync_round(self) -> bool:
         """The round hook: the outer step of the next fragment."""
-        self._outer_step([self.next_fragment])
+        if not self._outer_step(lambda: [self.next_fragment]):
+            return False  # fault-tolerant mode: the same fragment is retried at the next synchronisation
         self.next_fragment = (self.next_fragment + 1) % self.cfg.fragments
+        return True
 
-    def _outer_step(self, fragments: list[int]) -> None:
+    def _outer_step(self, which: Callable[[], list[int]]) -> bool:
         """Average the fragments' parameters over the workers, apply the outer optimizer to them,
-        restart every worker from the new global values (one synchronisation)."""
+        restart every worker from the new global values (one synchronisation). In fault-tolerant
+        mode a failed round restores the fragments' global values (the inner steps since are lost,
+        as in torchft's DiLoCo) and returns False. The composed outer step (`outer_compress`,
+        `overlap_steps`, `mixing`) has no fault-tolerant form: the plan refuses the pair."""
+        fragments = which()
         if self.outer is not None:
             self._outer_step_composed(fragments)
-            return
+            return True
         spans = [s for f in fragments for s in self.fragment_spans[f]]
-        pieces = [self.flat.buffers[i][lo:hi] for i, lo, hi in spans + self.stat_spans]
+
+        def pieces_now() -> list[torch.Tensor]:
+            """Read after the quorum: a heal there may have moved this replica to another fragment."""
+            nonlocal fragments, spans
+            fragments = which()
+            spans = [s for f in fragments for s in self.fragment_spans[f]]
+            return [self.flat.buffers[i][lo:hi] for i, lo, hi in spans + self.stat_spans]
+
+        if self.ft_rounds is not None:
+            def restore_global(_: object) -> None:
+                for i, lo, hi in spans + self.stat_spans:
+                    self.flat.buffers[i][lo:hi].copy_(self.global_model[i][lo:hi])
+            with self.comm.timed():
+                committed = run_round(self.ft_rounds, pieces_now, restore_global)
+            pieces = pieces_now()
+            nbytes = allreduce_bytes(sum(t.numel() * t.element_size() for t in pieces), self.ft_rounds.participants)
+            self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
+            if not committed:
+                return False
+            self._apply_outer(fragments, spans)
+            return True
+        pieces = pieces_now()
         if self.world > 1:
             with self.comm.timed():
                 average_(pieces, None, self.world, bucket_bytes=self.bucket_bytes)
         nbytes = allreduce_bytes(sum(t.numel() * t.element_size() for t in pieces), self.world)
         self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
+        self._apply_outer(fragments, spans)
+        return True
+
+    def _apply_outer(self, fragments: list[int], spans: list[Span]) -> None:
+        """The outer step on the averaged fragments (the flat buffer holds the mean)."""
         cfg = self.cfg
         for i, lo, hi in spans:
             outer_step_(self.global_model[i][lo:hi], self.outer_momentum_buffer[i][lo:hi],
@@ -197,7 +230,7 @@ class DiLoCo(LocalSGD):
         pending = [f for f, due in enumerate(self.pending) if due]
         if pending:
             local_steps = self.local_steps
-            self._outer_step(pending)
+            self._outer_step(lambda: [f for f, due in enumerate(self.pending) if due])
             if self.outer is not None:
                 self.outer.land_due(self.flat, None)
             if local_steps:

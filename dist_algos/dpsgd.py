@@ -36,6 +36,7 @@ class DpsgdConfig(AlgoConfig):
 
 @register_algorithm("dpsgd")
 class Dpsgd(DistAlgorithm):
+    ft_refusal = "gossip exchanges with fixed neighbours, not an average over whoever is alive"
     Config = DpsgdConfig
     test_world_size = 4
     test_scenarios = {"ring": Scenario()}

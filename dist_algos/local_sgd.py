@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -54,6 +54,7 @@ from dist_algos.comm import allreduce_bytes
 from dist_algos.compress import build_chain, check_chain
 from dist_algos.compress.model_delta import ModelDelta
 from dist_algos.flat import BUCKET_BYTES, FlatBuffer, Slot, average_, flat_grads
+from dist_algos.ft_round import run_round
 from dist_algos.sync_schedule import SCHEDULES, SyncRule
 from core.errors import UserError
 
@@ -101,6 +102,7 @@ def check_local_model_options(cfg: LocalModelConfig) -> None:
 
 @register_algorithm("local_sgd")
 class LocalSGD(DistAlgorithm):
+    ft_refusal = ""  # a failed round keeps the local model (see _average)
     Config = LocalSGDConfig
     family = "local_sgd"
     # QSR's rule on 3 ranks (not a power of two: the mean's divide is inexact), H from 3 in warmup
@@ -168,6 +170,7 @@ class LocalSGD(DistAlgorithm):
         # after a post-local parallel step when BN statistics are averaged: those stay per-rank)
         self.synced = True
         self.rounds: list[list[int]] = []  # run-length log of synchronisations: [first_step, H, count]
+        self.failed_rounds: list[int] = []  # fault-tolerant mode: steps whose round was not committed
         self.eval_syncs = 0
         self.eval_bytes = 0
         self.finalized = False
@@ -196,18 +199,21 @@ class LocalSGD(DistAlgorithm):
             self.flat = self._build_flat()
         return self.flat
 
-    def sync_round(self) -> None:
+    def sync_round(self) -> bool:
         """The round hook: one synchronisation of the workers, at the end of a round of the sync
         rule and at `finalize` if steps are left over. Here the average of `averaged_state()`;
         DiLoCo's outer step overrides it. With `compress` set, the averaged model delta goes
-        through the compression chain instead (dist_algos/compress/model_delta.py). Sets `synced`."""
+        through the compression chain instead (dist_algos/compress/model_delta.py). Sets `synced`
+        and returns whether the round committed: always, except in fault-tolerant mode
+        (`ft.enabled`), where a failed round keeps the local model and returns False."""
         if self.delta is not None:
             nbytes = self.delta.average_(self.step_now)
             self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
             self.synced = True
-            return
-        self._average(self.averaged_state())
-        self.synced = True
+            return True
+        committed = self._average(self.averaged_state)
+        self.synced = committed
+        return committed
 
     def _field_slots(self) -> list[Slot]:
         state = self.optimizer.state
@@ -235,32 +241,55 @@ class LocalSGD(DistAlgorithm):
 
     # ---- training ---------------------------------------------------------------------------
     def step(self, ctx: StepContext) -> None:
-        steps_done = ctx.step + 1
         self.step_now = ctx.step
         if self.rule.parallel_at(ctx.step):
-            assert self.grads is not None
-            self._average(self.grads)
-            ctx.optimizer_step()
-            self.synced = not self.stat_buffers
-            self._after_sync(steps_done, 1)
+            grads = self.grads
+            assert grads is not None
+            committed = self._average(lambda: grads, keep_on_failure=False)
+            if committed:  # a failed fault-tolerant round skips the update
+                ctx.optimizer_step()
+            self.synced = committed and not self.stat_buffers
+            self._after_sync(self._steps_done(ctx), 1, committed)
             return
         ctx.optimizer_step()
         self.local_steps += 1
         self.synced = False
         if self.local_steps >= self.period:
-            self.sync_round()
-            self._after_sync(steps_done, self.local_steps)
+            committed = self.sync_round()
+            self._after_sync(self._steps_done(ctx), self.local_steps, committed)
 
-    def _average(self, flat: FlatBuffer) -> None:
+    def _steps_done(self, ctx: StepContext) -> int:
+        """Steps done after this one; in fault-tolerant mode the trainer's step, which a heal
+        during the round may have replaced with the peer's."""
+        return (self.ft_rounds.step if self.ft_rounds is not None else ctx.step) + 1
+
+    def _average(self, flat: Callable[[], FlatBuffer], keep_on_failure: bool = True) -> bool:
+        """Average the buffer over the workers; False when a fault-tolerant round failed (the
+        buffer then holds what it held before the round if `keep_on_failure`: local SGD keeps
+        the local model)."""
+        if self.ft_rounds is not None:
+            def restore(backup: list[torch.Tensor]) -> None:
+                if keep_on_failure:
+                    for t, b in zip(flat(), backup):
+                        t.copy_(b)
+            with self.comm.timed():
+                committed = run_round(self.ft_rounds, lambda: list(flat()), restore)
+            nbytes = allreduce_bytes(flat().nbytes, self.ft_rounds.participants)
+            self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
+            return committed
+        buffer = flat()
         if self.world > 1:
             with self.comm.timed():
-                average_(flat, None, self.world, bucket_bytes=self.bucket_bytes)
-        nbytes = allreduce_bytes(flat.nbytes, self.world)
+                average_(buffer, None, self.world, bucket_bytes=self.bucket_bytes)
+        nbytes = allreduce_bytes(buffer.nbytes, self.world)
         self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
+        return True
 
-    def _after_sync(self, steps_done: int, period: int) -> None:
+    def _after_sync(self, steps_done: int, period: int, committed: bool = True) -> None:
         """Log the round that just ended and pick the next H (only ever here, as QSR does)."""
-        if self.rounds and self.rounds[-1][1] == period:
+        if not committed:
+            self.failed_rounds.append(steps_done - 1)
+        elif self.rounds and self.rounds[-1][1] == period:
             self.rounds[-1][2] += 1
         else:
             self.rounds.append([steps_done - period, period, 1])
@@ -331,7 +360,8 @@ class LocalSGD(DistAlgorithm):
     def state_dict(self) -> dict[str, Any]:
         state = {"period": self.period, "local_steps": self.local_steps, "synced": self.synced,
                  "rounds": [list(r) for r in self.rounds], "eval_syncs": self.eval_syncs,
-                 "eval_bytes": self.eval_bytes, "finalized": self.finalized}
+                 "eval_bytes": self.eval_bytes, "finalized": self.finalized,
+                 **({"failed_rounds": list(self.failed_rounds)} if self.failed_rounds else {})}
         if self.delta is not None:
             state["delta"] = self.delta.state_dict()
         return state
@@ -348,6 +378,7 @@ class LocalSGD(DistAlgorithm):
             if "delta" not in state:
                 raise UserError("resume: the checkpoint has no compressed-delta state; resume with its algo.compress=[]")
             self.delta.load_state_dict(state["delta"])
+        self.failed_rounds = [int(s) for s in state.get("failed_rounds", [])]
 
     def metrics(self) -> dict[str, float]:
         return {"H": float(self.period)}
@@ -363,7 +394,8 @@ class LocalSGD(DistAlgorithm):
                 "max_H": max((r[1] for r in self.rounds), default=None),
                 "bytes_per_sync": allreduce_bytes(self.flat.nbytes, self.world),
                 "H_rounds": [list(r) for r in self.rounds],  # [first step, H, rounds in a row]
-                "eval_syncs": self.eval_syncs, "eval_bytes": self.eval_bytes, "bn": self.cfg.bn}
+                "eval_syncs": self.eval_syncs, "eval_bytes": self.eval_bytes, "bn": self.cfg.bn,
+                **({"failed_rounds": list(self.failed_rounds)} if self.ft_rounds is not None else {})}
 
 
 def check_fields_for_optimizer(fields: list[str], hyper: HyperParams) -> None:

@@ -83,6 +83,7 @@ def local_leader_active(world_size: int, group_size: int) -> bool:
 
 @register_algorithm("lsgd")
 class LSGD(DistAlgorithm):
+    ft_refusal = "its leader and local groups are fixed ranks, and a lost leader has no peer to heal from"
     Config = LSGDConfig
     test_world_size = 4
     # two nodes of two ranks: local leaders per node and a global one (the paper's layout)

@@ -42,6 +42,7 @@ class SgpConfig(AlgoConfig):
 
 @register_algorithm("sgp")
 class Sgp(DistAlgorithm):
+    ft_refusal = "push-sum gossip with fixed out-neighbours, not an average over whoever is alive"
     Config = SgpConfig
     test_world_size = 4
     test_scenarios = {"one_peer": Scenario({"num_peers": 1}), "two_peers": Scenario({"num_peers": 2}, optimizer="nesterov")}

@@ -66,6 +66,7 @@ class WagmaConfig(AlgoConfig):
 
 @register_algorithm("wagma")
 class Wagma(DistAlgorithm):
+    ft_refusal = "its averaging groups are fixed sets of ranks chosen in advance, not whoever is alive"
     Config = WagmaConfig
     test_world_size = 4
     deterministic_overrides = {"wait_avoiding": False}

@@ -26,6 +26,7 @@ from core.errors import UserError
 from core.schema import Section, config_error_line, freeze, to_container, typed_section
 from data import DataConfig, PathsConfig, data_spec, load_data_config
 from dist_algos.base import AlgoConfig
+from engine.ft.config import FTConfig
 from engine.launch.config import LaunchConfig, load_launch_config
 from engine.report.metrics import LoggerConfig
 from engine.tables.config import TableConfig
@@ -53,6 +54,7 @@ class RunSchema:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)  # injected failures (engine/train/faults.py)
+    ft: FTConfig = field(default_factory=FTConfig)
     model: Any = None  # the model group's node (models' registry)
     data: Any = None  # the data group's node (data sets' registry)
     algo: Any = None  # the algo group's node (the plugin's config dataclass)
@@ -77,6 +79,7 @@ class RunConfig(Section):
     logger: LoggerConfig
     dist: DistConfig
     faults: FaultsConfig
+    ft: FTConfig
     raw: DictConfig = field(repr=False)  # the resolved composed config, for saving and logging
 
 
@@ -129,6 +132,7 @@ def load_run_config(cfg: DictConfig) -> RunConfig:
         launch=load_launch_config(cfg.get("launch")),
         logger=typed_section(LoggerConfig, cfg.get("logger"), "logger"),
         dist=typed_section(DistConfig, cfg.get("dist"), "dist"),
-        faults=typed_section(FaultsConfig, cfg.get("faults"), "faults"), raw=cfg,
+        faults=typed_section(FaultsConfig, cfg.get("faults"), "faults"),
+        ft=typed_section(FTConfig, cfg.get("ft"), "ft"), raw=cfg,
     )
     return freeze(run)

@@ -25,6 +25,7 @@ from models import check_buildable
 from engine.checkpoint.files import Manifest
 from engine.checkpoint.resume import init_source, resume_candidates
 from engine.config import RunConfig, load_run_config
+from engine.ft.config import check_ft
 from engine.launch.config import Launcher, launch_shape
 from engine.launch.restart import check_supervision
 from engine.train.faults import parse_faults
@@ -87,6 +88,7 @@ def build_plan(config: RunConfig, run_dir: RunDir, world_size: int, ranks_per_no
     hyper = hyper_params(config.optim, peak_lr(config.optim, batch.global_batch), config.train.grad_clip)
     algo.validate(config.algo, world_size, ranks_per_node, hyper)
     parse_faults(config.faults, world_size)
+    check_ft(config.ft, config.algo.name, algo.ft_refusal, config.launch, config.algo)
     samples = num_train_samples(config.data)
     if samples is not None and batch.global_batch > samples:
         raise UserError(f"launch.nproc={world_size}: {len(layout.train)} training ranks x batch {batch.per_rank} "

@@ -23,6 +23,7 @@ from core.distenv import init_distributed, shutdown_distributed
 from core.errors import USER_ERROR_EXIT, UserError
 from core.rundir import SUPERVISED_ENV, USER_ERROR_PREFIX, RunDir
 from engine.config import load_run_config
+from engine.ft.config import Replica
 from engine.plan import build_plan
 from engine.train.heartbeat import Heartbeat
 from engine.train.trainer import train_rank
@@ -67,13 +68,16 @@ def main(raw_cfg: Any, run_dir: str) -> int:
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         ctx = init_distributed(cfg.dist.backend, cfg.dist.timeout_s, cfg.dist.device)
         rundir = RunDir(Path(agree_run_dir(run_dir)))
+        replica = Replica.from_env(dict(os.environ))  # fault-tolerant mode: a world of one, its own run directory
+        if replica is not None:
+            rundir = RunDir(rundir.root / replica.run_dir_name())
         rundir.root.mkdir(parents=True, exist_ok=True)
         setup_logging(rundir, ctx.rank, console=ctx.rank == 0)
         rundir.rank_pid(ctx.rank).write_text(f"{os.getpid()} {os.uname().nodename}\n")
         rundir.rank_error(ctx.rank).unlink(missing_ok=True)
         beat = Heartbeat(rundir.rank_progress(ctx.rank)).start()
-        plan = build_plan(cfg, rundir, ctx.world_size, ctx.local_size)
-        train_rank(plan, ctx, beat)
+        plan = build_plan(cfg, rundir, replica.count if replica else ctx.world_size, ctx.local_size)
+        train_rank(plan, ctx, beat, replica)
         shutdown_distributed()
         return _ended(rundir, rank, 0)
     except UserError as err:

@@ -74,7 +74,7 @@ if apt_install $SYSTEM_PKGS; then
   echo "setup_env: building FFCV"
   pipq --no-build-isolation "$FFCV_PIN" || echo "setup_env: FFCV build failed; data.pipeline=ffcv will refuse" >&2
 fi
-"$VENV/bin/python" -c "import torch, torchvision, deepspeed, hydra, wandb, sklearn" \
+"$VENV/bin/python" -c "import torch, torchvision, deepspeed, hydra, wandb, sklearn, torchft" \
   || { echo "setup_env: the environment is incomplete (see above)" >&2; exit 1; }
 rm -f "$VENV"/.syncopt-stamp-*
 touch "$STAMP"

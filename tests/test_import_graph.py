@@ -18,7 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 FLOORS = {"core": 0, "data": 1, "models": 1, "dist_algos": 1, "engine": 2, "cli": 3, "bench": 3}
 #: packages too heavy, or too rarely needed, to import before they are chosen
-HEAVY_OPTIONAL = ("ffcv", "nvidia.dali", "wandb", "matplotlib", "submitit", "deepspeed", "numba")
+HEAVY_OPTIONAL = ("ffcv", "nvidia.dali", "wandb", "matplotlib", "submitit", "deepspeed", "numba", "torchft")
 
 
 @dataclass(frozen=True)

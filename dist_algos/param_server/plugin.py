@@ -70,6 +70,8 @@ class ParameterServerLost(RuntimeError):
 
 
 class ParamServerAlgorithm(DistAlgorithm):
+    ft_refusal = ("the parameter server holds the only copy of the model, which no live peer can heal from, and its "
+                  "pushes and pulls are not rounds a quorum can retry; use launch.max_restarts")
     Config: ClassVar[type[AlgoConfig]] = ParamServerConfig
     test_world_size = 3  # one server, two workers
     deterministic_overrides = {"serving": "round_robin"}

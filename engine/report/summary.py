@@ -74,6 +74,9 @@ def gather_summary(mine: dict[str, Any], world_size: int, reporting: bool, resul
     algo_summary = merge_algo([e["algo"] for e in every])
     if algo_summary:
         summary["algo_stats"] = algo_summary
+    ft = [e["ft"] for e in every if "ft" in e]  # fault-tolerant mode: a replica's rounds (engine/ft)
+    if ft:
+        summary["ft"] = ft[0] if len(ft) == 1 else ft
     return summary
 
 

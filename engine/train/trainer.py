@@ -24,6 +24,7 @@ from data import DataRequest, build_streams
 from dist_algos.base import Role, StepContext, TrainInfo
 from engine.checkpoint.collective import agree_on_checkpoint
 from engine.checkpoint.files import Manifest, load_rank_file
+from engine.ft.config import Replica
 from engine.plan import RunPlan
 from engine.report.run_report import RunFacts, RunReport
 from engine.report.summary import gather_summary
@@ -48,13 +49,16 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 class Trainer:
-    def __init__(self, plan: RunPlan, ctx: DistContext) -> None:
+    def __init__(self, plan: RunPlan, ctx: DistContext, replica: Optional[Replica] = None) -> None:
         self.plan, self.ctx, cfg = plan, ctx, plan.config
+        self.replica = replica  # fault-tolerant mode: this process is one replica (a world of one)
+        self.ft_rounds: Any = None  # engine.ft.rounds.ManagerRounds in fault-tolerant mode
+        self._healed = False  # a heal replaced the trainer state: the batch stream must follow it
         plan.run_dir.root.mkdir(parents=True, exist_ok=True)
         self.algo = plan.algo(cfg.algo, ctx)
         self.is_worker = plan.layout.role(ctx.rank) == Role.WORKER
         self.reporting = ctx.rank == plan.layout.train[0]
-        streams = build_streams(cfg.data, data_request(plan, ctx))
+        streams = build_streams(cfg.data, data_request(plan, ctx, replica))
         self.train_stream, self.eval_stream, self.val_stream = streams.train, streams.test, streams.val
         self.split_record = streams.split  # (summary.json: partition, skew, validation size)
         # selection reads validation only; without a validation split nothing is selected
@@ -70,7 +74,9 @@ class Trainer:
         self.local = LocalStep(cfg.train, ctx, self.model, self.optimizer, plan.batch.micro, self.compute,
                                self.algo.no_sync)
         self.imbalance = ImbalanceInjector(cfg.train.imbalance, ctx.rank)
-        self.faults = FaultInjector(cfg.faults, ctx.rank, ctx.world_size, plan.run_dir)
+        # faults name ranks; in fault-tolerant mode a rank is a replica (a world of its own)
+        self.faults = FaultInjector(cfg.faults, replica.index if replica else ctx.rank,
+                                    replica.count if replica else ctx.world_size, plan.run_dir)
         self.state = TrainState()
         self.clock = TrainClock(ctx.device, self.state, cfg.train.log_every_steps)
         self.checkpointer = Checkpointer(cfg.checkpoint, plan.run_dir, ctx, cfg.algo.name, plan.resume_keys,
@@ -104,7 +110,21 @@ class Trainer:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scaler": self.local.scaler.state_dict(), "algo": self.algo.state_dict(),
                 "comm": self.algo.comm.state_dict(), "imbalance": self.imbalance.state_dict(),
-                "rng": capture_rng(), "trainer": self.state.state_dict()}
+                "rng": capture_rng(), "trainer": self.state.state_dict(),
+                **({"ft": self.ft_rounds.state_dict()} if self.ft_rounds is not None else {})}
+
+    def load_healed(self, state: dict[str, Any]) -> None:
+        """Fault-tolerant mode: take a live peer's state (its `capture()`, received as tensors
+        only) in the middle of a round: model, optimizer, plugin, counters and trainer state. Its
+        RNG and round record are not taken (this replica's own dropout stream and history)."""
+        self.model.load_state_dict(plain_state_dict(state["model"]))
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.local.scaler.load_state_dict(state["scaler"])
+        self.algo.load_state_dict(state["algo"])
+        self.algo.comm.load_state_dict(state["comm"])
+        self.imbalance.load_state_dict(state["imbalance"])
+        self.state.load_state_dict(state["trainer"])
+        self._healed = True
 
     def restore(self) -> Optional[dict[str, Any]]:
         """Load model and optimizer state from the checkpoint the ranks agree on (the rest after
@@ -143,12 +163,16 @@ class Trainer:
                          train_batches=self.train_batches, forward=self.local.forward,
                          resuming=saved is not None, hyper=self.plan.hyper)
         self.algo.setup(self.model, self.optimizer, info)
+        if self.replica is not None:
+            self._attach_ft(self.replica)
         if saved is not None:
             self.algo.load_state_dict(saved["algo"])
             self.algo.comm.load_state_dict(saved["comm"])
             self.imbalance.load_state_dict(saved["imbalance"])
             st.load_state_dict(saved["trainer"])
             restore_rng(saved["rng"])
+            if self.ft_rounds is not None and "ft" in saved:
+                self.ft_rounds.load_state_dict(saved["ft"])
         else:  # per-rank streams (dropout differs across ranks), independent of what set-up drew
             seed_everything(cfg.seed + 1000 * (self.ctx.rank + 1))
         self.facts = run_facts(self.plan, self)
@@ -168,6 +192,8 @@ class Trainer:
         finally:
             stop.close()
             self.algo.close()
+            if self.ft_rounds is not None:
+                self.ft_rounds.close()
             for stream in (self.train_stream, self.eval_stream, self.val_stream):
                 close = getattr(stream, "close", None)  # loader workers end now, not at exit
                 if close is not None:
@@ -186,8 +212,9 @@ class Trainer:
                 clock.waited(time.perf_counter() - t0)
                 self._train_step(*batch, t0)
             epoch_end = st.advance(self.steps_per_epoch)
-            if epoch_end and st.step < self.total_steps:
+            if (epoch_end or self._healed) and st.step < self.total_steps:
                 batches = self._batches()
+                self._healed = False
             clock.after_step(st.step, self.total_steps)
             if self.report:
                 self.report.after_step(st, self.schedule.lr_at(st.step), self.is_worker,
@@ -227,6 +254,16 @@ class Trainer:
         st.budget_stop, st.finalized = None, False
         return False
 
+    def _attach_ft(self, replica: Replica) -> None:
+        """Fault-tolerant mode: the plugin averages through torchft's Manager (engine.ft)."""
+        from engine.ft.rounds import ManagerRounds  # torchft only in this mode
+
+        cfg = self.plan.config
+        self.ft_rounds = ManagerRounds(cfg.ft, replica.index, replica.count, replica.host, replica.store_port, replica.lighthouse,
+                                       cfg.dist.timeout_s, self.capture, self.load_healed, lambda: self.state.step,
+                                       gate=self.plan.run_dir.root.parent.parent / "logs")
+        self.algo.attach_ft_rounds(self.ft_rounds)
+
     def _batches(self) -> Iterator[Batch]:
         if not self.is_worker:
             return iter(())
@@ -258,7 +295,8 @@ class Trainer:
         result, improved = self._evaluate()
         self.checkpointer.at_end(st, improved)
         mine = {"rank": self.ctx.rank, "worker": self.is_worker, "comm": self.algo.comm.as_metrics(),
-                "algo": self.algo.summary(), "imbalance_s": self.imbalance.injected_s}
+                "algo": self.algo.summary(), "imbalance_s": self.imbalance.injected_s,
+                **({"ft": self.ft_rounds.summary()} if self.ft_rounds is not None else {})}
         summary = gather_summary(mine, self.ctx.world_size, self.reporting, result, st, self.facts,
                                  self.best_metric, self.plan.algo.merge_summaries, self.split_record)
         if summary is not None:
@@ -271,10 +309,16 @@ class Trainer:
         return summary
 
 
-def data_request(plan: RunPlan, ctx: DistContext) -> DataRequest:
-    """This rank's part of the data: its training shard (None on serving ranks) and test slice."""
+def data_request(plan: RunPlan, ctx: DistContext, replica: Optional[Replica] = None) -> DataRequest:
+    """This rank's part of the data: its training shard (None on serving ranks) and test slice.
+    A fault-tolerant replica trains on shard `index` of `count` and evaluates the whole test set
+    (an evaluation sum over replicas would be a collective a failure could break)."""
     train, evaluate = plan.layout.train, plan.layout.evaluate
     per_rank = plan.batch.per_rank
+    if replica is not None:
+        return DataRequest(batch_size=per_rank, eval_batch_size=plan.config.data.eval_batch_size or max(per_rank, 64),
+                           seed=plan.config.seed, shard=replica.index, num_shards=replica.count, eval_shard=0,
+                           eval_num_shards=1, device=ctx.device)
     return DataRequest(batch_size=per_rank, eval_batch_size=plan.config.data.eval_batch_size or max(per_rank, 64),
                        seed=plan.config.seed, shard=train.index(ctx.rank) if ctx.rank in train else None,
                        num_shards=len(train), eval_shard=evaluate.index(ctx.rank) if ctx.rank in evaluate else 0,
@@ -300,9 +344,10 @@ def run_facts(plan: RunPlan, trainer: Trainer) -> RunFacts:
                     network=net.record(plan.world_size // plan.ranks_per_node) if net.emulated else None)
 
 
-def train_rank(plan: RunPlan, ctx: DistContext, heartbeat: Optional[Heartbeat] = None) -> Optional[dict[str, Any]]:
+def train_rank(plan: RunPlan, ctx: DistContext, heartbeat: Optional[Heartbeat] = None,
+               replica: Optional[Replica] = None) -> Optional[dict[str, Any]]:
     torch.manual_seed(plan.config.seed)
-    trainer = Trainer(plan, ctx)
+    trainer = Trainer(plan, ctx, replica)
     if heartbeat is not None:
         heartbeat.state = trainer.state  # the step it reports
     return trainer.run()

@@ -1,0 +1,79 @@
+"""The `ft` section: fault-tolerant mode on torchft, and what it refuses before launch."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from core.errors import UserError
+from core.schema import Section, option
+
+
+@dataclass
+class FTConfig(Section):
+    """`ft.*`. Off by default: the job is then exactly today's (one process group, DeepSpeed)."""
+
+    enabled: bool = False
+    lighthouse: Optional[str] = None  # host:port of a running lighthouse (a cluster's); None: cli.py starts one
+    # a quorum (and a commit) needs at least this many replicas; None: a majority of them, so that a
+    # replacement alone (or any minority) can never form a quorum of its own beside the survivors'
+    min_replicas: Optional[int] = option(None, ge=1)
+    max_restarts: int = option(3, ge=0)  # restarts of each replica by the supervisor before it gives up
+    quorum_timeout_s: Optional[float] = None  # None: covers the longest period (dist.timeout_s x max H, >= 60 s)
+    join_timeout_s: float = option(1.0, gt=0)  # how long the lighthouse waits for stragglers before a quorum
+    heartbeat_timeout_s: float = option(1.5, gt=0)  # a replica silent this long is out of the next quorum
+
+
+def quorum_size(ft: FTConfig, replicas: int) -> int:
+    """The smallest quorum: `ft.min_replicas`, or a majority of the replicas."""
+    return ft.min_replicas if ft.min_replicas is not None else replicas // 2 + 1
+
+
+def check_ft(ft: FTConfig, algo_name: str, ft_refusal: str, launch: Any, algo_cfg: Any = None) -> None:
+    """One line for what fault-tolerant mode cannot do, before anything starts."""
+    if not ft.enabled:
+        return
+    if ft_refusal:
+        raise UserError(f"ft.enabled=true does not work with algo={algo_name}: {ft_refusal}; "
+                        "use algo=local_sgd, diloco or allreduce, or ft.enabled=false")
+    composed = [k for k in ("compress", "outer_compress") if getattr(algo_cfg, k, None)]
+    composed += ["overlap_steps"] if getattr(algo_cfg, "overlap_steps", 0) else []
+    if composed:
+        raise UserError(f"ft.enabled=true has no fault-tolerant round for a compressed exchange (algo.{composed[0]} is "
+                        "set): its error-feedback memory cannot be rolled back yet; drop it or use ft.enabled=false")
+    if launch.hostfile or launch.no_ssh or launch.network.emulated:
+        raise UserError("ft.enabled=true starts its replicas on this machine only (several machines are not "
+                        "supported yet in fault-tolerant mode); drop launch.hostfile/no_ssh/network, or use "
+                        "launch.max_restarts for a multi-node job")
+    if str(launch.launcher) == "none":
+        raise UserError("ft.enabled=true runs every rank as its own process; use launch.launcher=deepspeed "
+                        "(the default; cli.py supervises the replicas itself) instead of launch.launcher=none")
+    if ft.lighthouse is not None and ":" not in ft.lighthouse:
+        raise UserError(f"ft.lighthouse={ft.lighthouse!r}: expected host:port of a running torchft lighthouse")
+
+
+#: what the supervisor tells each replica process (engine/ft/supervisor.py)
+REPLICA_ENV = "SYNCOPT_FT_REPLICA"  # "INDEX/COUNT"
+LIGHTHOUSE_ENV = "SYNCOPT_FT_LIGHTHOUSE"  # host:port
+
+
+@dataclass(frozen=True)
+class Replica:
+    """This process's place in a fault-tolerant job: replica `index` of `count`, each a world of
+    one rank with its own TCP store (MASTER_ADDR:MASTER_PORT) on `host`."""
+
+    index: int
+    count: int
+    host: str
+    store_port: int
+    lighthouse: str
+
+    @staticmethod
+    def from_env(env: dict[str, str]) -> Optional["Replica"]:
+        if REPLICA_ENV not in env:
+            return None
+        index, count = (int(v) for v in env[REPLICA_ENV].split("/"))
+        return Replica(index, count, env["MASTER_ADDR"], int(env["MASTER_PORT"]), env[LIGHTHOUSE_ENV])
+
+    def run_dir_name(self) -> str:
+        """Each replica writes a run directory of its own (checkpoints, metrics, summary) here."""
+        return f"replicas/{self.index}"

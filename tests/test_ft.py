@@ -1,0 +1,269 @@
+"""Fault-tolerant mode (ft.enabled, engine/ft/) on torchft: replicas that die, heal and rejoin.
+
+Real jobs through cli.py (3 replicas of the digits CNN, gloo on the CPU, torchft's lighthouse and
+Managers), a replica killed by pid mid-run; the rounds machinery with a replica dying inside a
+round; the lighthouse dying; the healing transport fed a crafted pickle. Times on this 2-core
+machine (shared) are in docs/fault_tolerance.md.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+CLI = str(REPO / "cli.py")
+pytest.importorskip("torchft")
+
+
+def start_job(args: list[str], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=REPO)
+
+
+def replica_step(run_dir: Path, index: int) -> int:
+    progress = run_dir / f"replicas/{index}/logs/rank_0.progress"
+    try:
+        return int(progress.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("algo,min_acc", [
+    (["algo=local_sgd", "algo.period=4"], 0.8),
+    # DiLoCo's default outer step (lr 0.7, Nesterov 0.9) is unstable on digits in 200 steps even
+    # without failures (loss 2.5 at step 70, test accuracy 0.66): no accuracy bar for it here
+    (["algo=diloco", "algo.inner_steps=4", "algo.fragments=2"], None),
+], ids=["local_sgd", "diloco_2_fragments"])
+def test_a_killed_replica_is_replaced_heals_and_the_job_succeeds(algo: list[str], min_acc: float | None,
+                                                                   cli_env: dict, tmp_path: Path) -> None:
+    err = fail_one_replica_and_check(algo, min_acc, cli_env, tmp_path, signal.SIGKILL)
+    assert "replica 1 died (exit code -9); restarting it" in err
+
+
+def test_a_stalled_replica_is_killed_alone_by_pid_and_replaced(cli_env: dict, tmp_path: Path) -> None:
+    """SIGSTOP: the process lives but its heartbeat stops; the supervisor kills it after
+    stall_after_s(dist.timeout_s=20) = 10 s, and it is replaced like a dead one."""
+    err = fail_one_replica_and_check(["algo=local_sgd", "algo.period=4", "dist.timeout_s=20"], 0.8, cli_env,
+                                     tmp_path, signal.SIGSTOP)
+    assert "syncopt: replica 1 (pid" in err and "killing it alone" in err, err[-3000:]
+
+
+def fail_one_replica_and_check(algo: list[str], min_acc: float | None, cli_env: dict, tmp_path: Path,
+                               sig: signal.Signals) -> str:
+    run_dir = tmp_path / "run"
+    start = time.monotonic()
+    job = start_job([*algo, "ft.enabled=true", "launch.nproc=3", "train.max_steps=200",
+                     "train.imbalance.delay_ms=120",
+                     f"hydra.run.dir={run_dir}"], cli_env)
+    wait_for(lambda: replica_step(run_dir, 1) >= 20 or job.poll() is not None, 120, "replica 1 at step 20")
+    assert job.poll() is None, job.communicate()[1][-3000:]
+    victim = int((run_dir / "logs/replica_1.pid").read_text())
+    os.kill(victim, sig)
+    killed_at = max(replica_step(run_dir, 0), replica_step(run_dir, 2))
+    out, err = job.communicate(timeout=240)
+    elapsed = time.monotonic() - start
+    assert job.returncode == 0, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    ft = summary["ft"]
+    assert ft["failures"] == 1 and ft["restarts"] == {"0": 0, "1": 1, "2": 0}, ft
+    survivor, replacement = ft["per_replica"]["0"], ft["per_replica"]["1"]
+    # the survivors went on alone: committed rounds with two participants after the kill
+    alone = [r for r in survivor["participants"] if r[0] >= killed_at and r[1] == 2 and r[2]]
+    assert alone, survivor["participants"]
+    # the replacement healed from a live peer: what it loaded is exactly what a survivor sent
+    assert replacement["heals"] >= 1, replacement
+    sent = {tuple(s) for i in ("0", "2") for s in ft["per_replica"][i]["sent_state"]}
+    healed_step, healed_digest = replacement["healed_state"][-1]
+    assert (healed_step, healed_digest) in sent, (replacement["healed_state"], sent)
+    # and rejoined: the last rounds have all three again, committed on every replica
+    assert all(r[1] == 3 and r[2] for r in survivor["participants"][-2:]), survivor["participants"]
+    assert summary["steps"] == 200 and (min_acc is None or summary["test_acc"] > min_acc), summary
+    # every replica ends with the same model (BatchNorm statistics aside, which stay per replica)
+    accs = [json.loads((run_dir / f"replicas/{i}/summary.json").read_text())["test_acc"] for i in range(3)]
+    assert max(accs) - min(accs) <= 0.03, accs
+    print(f"{algo[0]} {sig.name}: at step {killed_at}, healed at {healed_step}, {elapsed:.1f} s")
+    return err
+
+
+def test_wagma_refuses_fault_tolerant_mode_in_one_line(cli_env: dict, tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, CLI, "algo=wagma", "ft.enabled=true", f"hydra.run.dir={tmp_path}"],
+                          capture_output=True, text=True, env=cli_env, cwd=REPO, timeout=120)
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("syncopt: error:")]
+    assert len(lines) == 1 and "ft.enabled=true does not work with algo=wagma" in lines[0], proc.stderr[-2000:]
+    assert "fixed sets of ranks" in lines[0]
+
+
+def test_the_lighthouse_dies_the_job_ends_in_one_line_and_resumes(cli_env: dict, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    args = ["algo=local_sgd", "algo.period=4", "ft.enabled=true", "launch.nproc=2", "train.max_steps=150",
+            "checkpoint.every_steps=20", f"hydra.run.dir={run_dir}"]
+    job = start_job(args, cli_env)
+    wait_for(lambda: list(run_dir.glob("replicas/*/checkpoints/step_*/manifest.json")) or job.poll() is not None,
+             150, "a checkpoint")
+    assert job.poll() is None, job.communicate()[1][-3000:]
+    os.kill(int((run_dir / "logs/lighthouse.pid").read_text()), signal.SIGKILL)
+    _, err = job.communicate(timeout=120)
+    assert job.returncode == 1, err[-3000:]
+    named = [ln for ln in err.splitlines() if "lighthouse" in ln]
+    assert len(named) == 1 and named[0].startswith("syncopt: the torchft lighthouse"), err[-3000:]
+    assert not (run_dir / "summary.json").exists()
+    again = subprocess.run([sys.executable, CLI, *args], capture_output=True, text=True, env=cli_env, cwd=REPO,
+                           timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 150 and summary["resumed_from"] is not None, summary
+
+
+# ---- the rounds, with a replica dying inside one ------------------------------------------------
+def _replica(index: int, lighthouse: str, out: str, dies: bool) -> None:
+    from torch.distributed import TCPStore
+
+    from engine.ft.config import FTConfig
+    from engine.ft.rounds import ManagerRounds
+    from engine.ft.supervisor import free_port
+
+    port = free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)  # noqa: F841 (kept alive)
+    model = torch.full((64,), float(index + 1))
+    rounds = ManagerRounds(FTConfig(enabled=True, heartbeat_timeout_s=1.0), index, 3, "127.0.0.1", port, lighthouse,
+                           10.0, lambda: {"model": {"w": model}}, lambda s: None, lambda: 0, gate=Path(out).parent)
+    log = []
+    for round_no in range(3):
+        rounds.begin()
+        if dies and round_no == 1:
+            os._exit(9)  # killed inside the round: in the quorum, before its all_reduce completes
+        before = model.clone()
+        rounds.average_([model])
+        committed = rounds.commit()
+        if not committed:
+            model.copy_(before)  # local SGD's roll-back: the local model
+        log.append({"participants": rounds.participants, "committed": committed, "model": model.tolist()})
+    Path(out).write_text(json.dumps(log))
+    rounds.close()
+    os._exit(0)
+
+
+def test_a_replica_dying_inside_a_round_leaves_it_uncommitted_everywhere(tmp_path: Path) -> None:
+    from engine.ft.config import FTConfig
+    from engine.ft.lighthouse import Lighthouse
+
+    # two replicas make a quorum: the survivors' next round waits for both of them
+    house = Lighthouse.start("127.0.0.1", FTConfig(enabled=True, heartbeat_timeout_s=1.0, join_timeout_s=3.0),
+                             tmp_path / "lighthouse.log", min_replicas=2)
+    ctx = torch.multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_replica, args=(i, house.address, str(tmp_path / f"r{i}.json"), i == 2))
+             for i in range(3)]
+    try:
+        for p in procs:
+            p.start()
+        wait_for(lambda: all((tmp_path / f"replica_{i}.ready").exists() for i in range(3)), 120, "replicas up")
+        (tmp_path / "ft_go").write_text("go\n")  # as the supervisor does: the first round has all three
+        for p in procs:
+            p.join(timeout=120)
+    finally:
+        house.stop()
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+    assert [p.exitcode for p in procs] == [0, 0, 9]
+    logs = [json.loads((tmp_path / f"r{i}.json").read_text()) for i in range(2)]
+    for log, own in zip(logs, (1.0, 2.0)):
+        assert log[0]["participants"] == 3 and log[0]["committed"]
+        assert log[0]["model"] == [2.0] * 64  # mean of 1, 2, 3
+        assert not log[1]["committed"]  # the round replica 2 died in: not committed ...
+        assert log[1]["model"] == [2.0] * 64  # ... and rolled back: nothing of a partial sum
+        assert log[2]["participants"] == 2 and log[2]["committed"]  # the survivors go on
+        assert log[2]["model"] == [2.0] * 64
+    assert own == 2.0
+
+
+# ---- healing is not a way in ----------------------------------------------------------------
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> Any:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_crafted_pickle_fed_through_healing_is_refused_not_executed(tmp_path: Path) -> None:
+    from engine.ft.transport import HealingRefused, TensorOnlyTransport
+
+    marker = tmp_path / "pwned"
+    payload = pickle.dumps({"user": {"default": _Payload(marker)}, "torchft": {"step": 1}})
+    import io
+    buffer = io.BytesIO()
+    torch.save({"model": {"w": torch.ones(2)}, "evil": _Payload(marker)}, buffer)  # torch.save's own format too
+
+    for body in (payload, buffer.getvalue()):
+        class Evil(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Evil)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        transport = TensorOnlyTransport("127.0.0.1", timedelta(seconds=5))
+        try:
+            with pytest.raises(HealingRefused):
+                transport.recv_checkpoint(0, f"http://127.0.0.1:{server.server_address[1]}/state/", 1,
+                                          timedelta(seconds=5))
+        finally:
+            server.shutdown()
+            transport.shutdown()
+        assert not marker.exists(), "the healing path executed a pickled call"
+    # the real transport round-trips tensors-only state, bound to the address it was given
+    transport = TensorOnlyTransport("127.0.0.1", timedelta(seconds=5))
+    assert transport.metadata().startswith("http://127.0.0.1:")
+    transport.send_checkpoint([1], 7, {"user": {"default": {"w": torch.arange(3.0)}}, "torchft": {"step": 7}},
+                              timedelta(seconds=5))
+    got = transport.recv_checkpoint(0, transport.metadata(), 7, timedelta(seconds=5))
+    assert torch.equal(got["user"]["default"]["w"], torch.arange(3.0)) and got["torchft"] == {"step": 7}
+    transport.shutdown()
+
+
+def test_without_failures_fault_tolerant_qsr_equals_the_plain_run(cli_env: dict, tmp_path: Path) -> None:
+    """The same local SGD (QSR) job through torchft's rounds and through one gloo group gives the
+    same run: the same schedule of rounds, the same loss to float rounding (torchft sums then
+    divides where the plain group averages), every round with all three replicas."""
+    results = {}
+    for ft in ("true", "false"):
+        run_dir = tmp_path / ft
+        proc = subprocess.run([sys.executable, CLI, "algo=local_sgd", "algo.sync_schedule=qsr", f"ft.enabled={ft}",
+                               "launch.nproc=3", "train.max_steps=100", f"hydra.run.dir={run_dir}"],
+                              capture_output=True, text=True, env=cli_env, cwd=REPO, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[ft] = json.loads((run_dir / "summary.json").read_text())
+    ft_run, plain = results["true"], results["false"]
+    assert ft_run["algo_stats"]["H_rounds"] == plain["algo_stats"]["H_rounds"]
+    assert ft_run["test_acc"] == plain["test_acc"]
+    assert abs(ft_run["test_loss"] - plain["test_loss"]) <= 1e-6 * abs(plain["test_loss"])
+    rounds = ft_run["ft"]["per_replica"]["0"]["participants"]
+    assert len(rounds) == sum(r[2] for r in plain["algo_stats"]["H_rounds"])  # the run ends on a round
+    assert all(r[1] == 3 and r[2] for r in rounds) and ft_run["ft"]["failures"] == 0
