@@ -32,7 +32,7 @@ from engine import rank
 from engine.config import register_schemas
 from engine.ft.supervisor import supervise
 from engine.launch.config import Launcher
-from engine.launch.launcher import stopped_message
+from engine.launch.launcher import stall_after_s, stopped_message
 from engine.launch.restart import launch_with_restarts
 from engine.launch.run_lock import RunLock
 from engine.plan import RunPlan, preflight

@@ -17,7 +17,8 @@ to dodge a field it lacks):
 - `averaged_state()`: everything a round averages, one persistent `FlatBuffer` (parameters, BN
   statistics for bn=average, the averaged optimizer fields as views);
 - `sync_round()`: the round hook, what one synchronisation does (here: average
-  `averaged_state()`; DiLoCo: its outer step); it sets `synced`;
+  `averaged_state()`; DiLoCo: its outer step); it sets `synced` and returns False only for a
+  round that did not commit (fault-tolerant mode; nothing returned counts as committed);
 - `synced` (whether every worker holds the same averaged state: evaluation then needs no
   communication, `finalize` no last round) and `local_steps` (steps since the last round): the
   state the hook and the trainer-facing methods share, saved in the checkpoint.
@@ -205,7 +206,8 @@ class LocalSGD(DistAlgorithm):
         DiLoCo's outer step overrides it. With `compress` set, the averaged model delta goes
         through the compression chain instead (dist_algos/compress/model_delta.py). Sets `synced`
         and returns whether the round committed: always, except in fault-tolerant mode
-        (`ft.enabled`), where a failed round keeps the local model and returns False."""
+        (`ft.enabled`), where a failed round keeps the local model and returns False. An override
+        that returns nothing counts as committed; only an explicit False is a failed round."""
         if self.delta is not None:
             nbytes = self.delta.average_(self.step_now)
             self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
@@ -255,7 +257,7 @@ class LocalSGD(DistAlgorithm):
         self.local_steps += 1
         self.synced = False
         if self.local_steps >= self.period:
-            committed = self.sync_round()
+            committed = self.sync_round() is not False  # a hook that returns nothing committed
             self._after_sync(self._steps_done(ctx), self.local_steps, committed)
 
     def _steps_done(self, ctx: StepContext) -> int:

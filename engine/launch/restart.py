@@ -96,6 +96,10 @@ def launch_with_restarts(plan: Any, run_dir: RunDir, overrides: list[str]) -> in
     def attempt(_: int, received: list[int]) -> int:
         return launch(cfg.launch, run_dir, overrides, stall_s, received)
 
+    if not cfg.launch.max_restarts and not cfg.faults.active:
+        # nothing to restart or inject: launch once and write no fault log (a plain run's run
+        # directory stays as it was, and a launch-time refusal leaves nothing behind)
+        return attempt(0, [])
     return run_with_restarts(attempt, run_dir, cfg.launch.max_restarts, cfg.faults.restart_delay_s,
                              fresh=not plan.resume_from)
 
