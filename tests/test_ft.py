@@ -87,6 +87,7 @@ def fail_one_replica_and_check(algo: list[str], min_acc: float | None, cli_env: 
     summary = json.loads((run_dir / "summary.json").read_text())
     ft = summary["ft"]
     assert ft["failures"] == 1 and ft["restarts"] == {"0": 0, "1": 1, "2": 0}, ft
+    assert summary["failures"] == 1 and summary["restarts"] == 1  # the counts tables read, as restart-all's
     survivor, replacement = ft["per_replica"]["0"], ft["per_replica"]["1"]
     # the survivors went on alone: committed rounds with two participants after the kill
     alone = [r for r in survivor["participants"] if r[0] >= killed_at and r[1] == 2 and r[2]]

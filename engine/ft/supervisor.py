@@ -209,6 +209,9 @@ class Supervisor:
                                    "restarts": {str(r.index): r.restarts for r in self.replicas},
                                    "failure_log": self.failures,
                                    "per_replica": {i: s.get("ft", s.get("ranks", {})) for i, s in per_replica.items()}}}
+        # the job-level counts under the names restart-all uses (summary.json, table columns)
+        summary["failures"] = len(self.failures)
+        summary["restarts"] = sum(r.restarts for r in self.replicas)
         if ended != "finished":
             summary = {"ft": summary["ft"]}  # no results: the job did not finish
             path = self.run_dir.root / "ft_ended.json"
