@@ -36,6 +36,15 @@ class Registry(Generic[T]):
 
         return deco
 
+    def register_named(self, name: str) -> Callable[[T], T]:
+        """`register`, also setting the entry's `name` attribute (plugin classes that know their name)."""
+        def deco(entry: T) -> T:
+            entry.name = name  # type: ignore[attr-defined]
+            self.add(name, entry)
+            return entry
+
+        return deco
+
     def add(self, name: str, entry: T) -> None:
         if name in self._entries and self._entries[name] is not entry:
             raise ValueError(f"{self.kind} {name!r} registered twice")

@@ -56,13 +56,17 @@ def validation_rule(cfg: DataConfig) -> Optional[tuple[str, float]]:
 def split_identity(cfg: DataConfig) -> dict[str, Any]:
     """The settings that decide which samples train and validate: a resumed run must share them."""
     rule = validation_rule(cfg)
-    out: dict[str, Any] = {"val": list(rule) if rule else None, "split_seed": cfg.split_seed,
-                           "partition": str(cfg.partition)}
+    return {"val": list(rule) if rule else None, "split_seed": cfg.split_seed, "partition": str(cfg.partition),
+            **_partition_params(cfg)}
+
+
+def _partition_params(cfg: DataConfig) -> dict[str, Any]:
+    """The setting of the configured partition scheme (none for IID)."""
     if cfg.partition == Partition.dirichlet:
-        out["dirichlet_alpha"] = cfg.dirichlet_alpha
-    elif cfg.partition == Partition.classes:
-        out["classes_per_worker"] = cfg.classes_per_worker
-    return out
+        return {"dirichlet_alpha": cfg.dirichlet_alpha}
+    if cfg.partition == Partition.classes:
+        return {"classes_per_worker": cfg.classes_per_worker}
+    return {}
 
 
 def _largest_remainder(total: int, counts: np.ndarray) -> np.ndarray:
@@ -186,11 +190,6 @@ def train_split(labels: Any, cfg: DataConfig, seed: int, num_shards: int, batch_
     else:
         counts = [len(p) for p in pools]
         skew = label_skew(labels, pools, train_idx)
-    record: dict[str, Any] = {"val_samples": len(val), "train_samples": len(train_idx),
-                              "partition": str(cfg.partition), "worker_samples": counts,
-                              "label_skew_tv": round(skew, 6)}
-    if cfg.partition == Partition.dirichlet:
-        record["dirichlet_alpha"] = cfg.dirichlet_alpha
-    elif cfg.partition == Partition.classes:
-        record["classes_per_worker"] = cfg.classes_per_worker
+    record = {"val_samples": len(val), "train_samples": len(train_idx), "partition": str(cfg.partition),
+              "worker_samples": counts, "label_skew_tv": round(skew, 6), **_partition_params(cfg)}
     return TrainSplit(val, plan, record)

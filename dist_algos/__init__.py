@@ -20,12 +20,7 @@ ALGORITHMS: Registry[type[DistAlgorithm]] = Registry(
 
 
 def register_algorithm(name: str) -> Callable[[type[DistAlgorithm]], type[DistAlgorithm]]:
-    def deco(cls: type[DistAlgorithm]) -> type[DistAlgorithm]:
-        cls.name = name
-        ALGORITHMS.add(name, cls)
-        return cls
-
-    return deco
+    return ALGORITHMS.register_named(name)
 
 
 def list_algorithms() -> list[str]:

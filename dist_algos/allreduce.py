@@ -39,14 +39,28 @@ class AllreduceConfig(AlgoConfig):
     first_bucket_mb: float = option(1.0, gt=0)  # the first (last layers') bucket, small so it starts early
 
 
+class OverlappedHooks(DistAlgorithm):
+    """A plugin that may average from gradient hooks during backward (`overlapped`, set in setup
+    when overlapping): held under `no_sync`, their thread stopped on `close`."""
+    overlapped: Optional[OverlappedAverage] = None
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        with self.overlapped.paused() if self.overlapped is not None else contextlib.nullcontext():
+            yield
+
+    def close(self) -> None:
+        if self.overlapped is not None:
+            self.overlapped.close()
+
+
 @register_algorithm("allreduce")
-class Allreduce(DistAlgorithm):
+class Allreduce(OverlappedHooks):
     ft_refusal = ""  # a failed round skips the update
     Config = AllreduceConfig
     test_scenarios = {"overlapped": Scenario()}
     reference = "tests.references:ALLREDUCE"
     invalid_options = {"algo.bucket_mb=0": "algo.bucket_mb"}
-    overlapped: Optional[OverlappedAverage] = None  # the hooks, when overlapping
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: TrainInfo) -> None:
         super().setup(model, optimizer, info)
@@ -100,12 +114,3 @@ class Allreduce(DistAlgorithm):
 
     def summary(self) -> dict[str, object]:
         return {"failed_rounds": list(self.failed_rounds)} if self.ft_rounds is not None else {}
-
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
-        with self.overlapped.paused() if self.overlapped is not None else contextlib.nullcontext():
-            yield
-
-    def close(self) -> None:
-        if self.overlapped is not None:
-            self.overlapped.close()

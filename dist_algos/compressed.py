@@ -16,8 +16,6 @@ compressor is not already a vote). Bytes: what the communicator puts on the wire
 """
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -27,7 +25,8 @@ import torch.nn as nn
 from core.errors import UserError
 from core.schema import option
 from dist_algos import register_algorithm
-from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, Scenario, StepContext, TrainInfo
+from dist_algos.allreduce import OverlappedHooks
+from dist_algos.base import AlgoConfig, HyperParams, Scenario, StepContext, TrainInfo
 from dist_algos.compress import build_chain, check_chain
 from dist_algos.compress.communicator import Communicator
 from dist_algos.compress.overlap import OverlappedExchange
@@ -52,7 +51,7 @@ def layer_shapes(params: list[nn.Parameter]) -> tuple[list[int], list[tuple[int,
 
 
 @register_algorithm("compressed")
-class CompressedAllreduce(DistAlgorithm):
+class CompressedAllreduce(OverlappedHooks):
     Config = CompressedConfig
     # top-k with classic error feedback after backward; majority vote with momentum-decayed
     # feedback exchanged bucket by bucket during backward (the overlap path)
@@ -107,15 +106,6 @@ class CompressedAllreduce(DistAlgorithm):
             grad.sign_()
         self.comm.add(sent=nbytes, recv=nbytes, syncs=1 if self.ctx.world_size > 1 else 0)
         ctx.optimizer_step()
-
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
-        with self.overlapped.paused() if self.overlapped is not None else contextlib.nullcontext():
-            yield
-
-    def close(self) -> None:
-        if self.overlapped is not None:
-            self.overlapped.close()
 
     def state_dict(self) -> dict[str, Any]:
         if self.overlapped is not None:

@@ -30,12 +30,7 @@ COMPRESSORS: Registry[type[Compressor]] = Registry(
 
 
 def register_compressor(name: str) -> Callable[[type[Compressor]], type[Compressor]]:
-    def deco(cls: type[Compressor]) -> type[Compressor]:
-        cls.name = name
-        COMPRESSORS.add(name, cls)
-        return cls
-
-    return deco
+    return COMPRESSORS.register_named(name)
 
 
 def list_compressors() -> list[str]:

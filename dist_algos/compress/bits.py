@@ -12,22 +12,23 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     if bits not in (1, 2, 4):
         raise ValueError(f"pack: {bits} bits per code is not one of 1, 2, 4, 8")
     per = 8 // bits
-    n = codes.numel()
-    padded = torch.zeros(-(-n // per) * per, dtype=torch.uint8)
-    padded[:n] = codes.reshape(-1).to(torch.uint8)
-    groups = padded.view(-1, per).to(torch.int32)
-    shifts = torch.arange(per, dtype=torch.int32) * bits
-    return (groups << shifts).sum(dim=1).to(torch.uint8)
+    flat = codes.reshape(-1).to(torch.uint8)
+    if flat.numel() % per:
+        flat = torch.cat([flat, flat.new_zeros(per - flat.numel() % per)])
+    groups = flat.view(-1, per)
+    out = groups[:, 0].clone()
+    for j in range(1, per):  # one uint8 pass per code position in a byte (at most 7), no widening
+        out |= groups[:, j] << (j * bits)
+    return out
 
 
 def unpack(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     """The first n codes (uint8) of `pack`'s output."""
     if bits == 8:
         return packed[:n]
-    per = 8 // bits
-    shifts = torch.arange(per, dtype=torch.int32) * bits
-    codes = (packed.to(torch.int32).unsqueeze(1) >> shifts) & ((1 << bits) - 1)
-    return codes.reshape(-1)[:n].to(torch.uint8)
+    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
+    codes = (packed.unsqueeze(1) >> shifts) & ((1 << bits) - 1)
+    return codes.reshape(-1)[:n]
 
 
 def index_dtype(n: int) -> torch.dtype:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from dist_algos.compress.bits import index_dtype
-from dist_algos.compress.contract import Payload
+from dist_algos.compress.contract import Combine, Compressor, Payload
 
 
 def sparse_payload(x: torch.Tensor, idx: torch.Tensor) -> Payload:
@@ -19,6 +19,16 @@ def dense_from(indices: torch.Tensor, values: torch.Tensor, numel: int) -> torch
     out = torch.zeros(numel, dtype=torch.float32)
     out.index_add_(0, indices.long(), values.float())
     return out
+
+
+class IndexSparsifier(Compressor):
+    """A sparsifier that sends each worker's own (indices, values) (`sparse_payload`): gathered,
+    each decoded densely."""
+    combine = Combine.GATHER
+    sparsifier = True
+
+    def decode(self, payload: Payload) -> torch.Tensor:
+        return dense_from(payload.tensors["indices"], payload.tensors["values"], payload.numel)
 
 
 def density_arg(value: str) -> float:

@@ -6,15 +6,12 @@ from __future__ import annotations
 import torch
 
 from dist_algos.compress import register_compressor
-from dist_algos.compress.contract import Combine, Compressor, EncodeContext, Payload
-from dist_algos.compress.sparse import dense_from, sparse_payload
+from dist_algos.compress.contract import EncodeContext, Payload
+from dist_algos.compress.sparse import IndexSparsifier, sparse_payload
 
 
 @register_compressor("threshold")
-class Threshold(Compressor):
-    combine = Combine.GATHER
-    sparsifier = True
-
+class Threshold(IndexSparsifier):
     def __init__(self, tau: str = "0.001") -> None:
         self.tau = float(tau)
         if self.tau <= 0:
@@ -22,9 +19,6 @@ class Threshold(Compressor):
 
     def encode(self, x: torch.Tensor, ctx: EncodeContext) -> Payload:
         return sparse_payload(x, torch.nonzero(x.abs() >= self.tau).flatten())
-
-    def decode(self, payload: Payload) -> torch.Tensor:
-        return dense_from(payload.tensors["indices"], payload.tensors["values"], payload.numel)
 
     def spec(self) -> str:
         return f"threshold:{self.tau:g}"

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import torch
 
 from dist_algos.compress import register_compressor
-from dist_algos.compress.contract import Combine, Compressor, EncodeContext, Payload
-from dist_algos.compress.sparse import dense_from, density_arg, sparse_payload
+from dist_algos.compress.contract import EncodeContext, Payload
+from dist_algos.compress.sparse import IndexSparsifier, density_arg, sparse_payload
 
 
 def layer_k(sizes: Sequence[int], density: float) -> list[int]:
@@ -68,18 +68,12 @@ def topk_per_layer(x: torch.Tensor, sizes: Sequence[int], density: float) -> tor
 
 
 @register_compressor("topk")
-class TopK(Compressor):
-    combine = Combine.GATHER
-    sparsifier = True
-
+class TopK(IndexSparsifier):
     def __init__(self, density: str = "0.01") -> None:
         self.density = density_arg(density)
 
     def encode(self, x: torch.Tensor, ctx: EncodeContext) -> Payload:
         return sparse_payload(x, topk_per_layer(x, ctx.sizes, self.density))
-
-    def decode(self, payload: Payload) -> torch.Tensor:
-        return dense_from(payload.tensors["indices"], payload.tensors["values"], payload.numel)
 
     def spec(self) -> str:
         return f"topk:{self.density:g}"

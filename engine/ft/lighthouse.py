@@ -17,6 +17,7 @@ from typing import Optional
 
 from core.errors import UserError
 from engine.ft.config import FTConfig
+from engine.launch.launcher import free_port
 
 
 def lighthouse_binary() -> str:
@@ -39,9 +40,7 @@ class Lighthouse:
     @staticmethod
     def start(host: str, cfg: FTConfig, log: Path, min_replicas: int, wait_s: float = 30.0) -> "Lighthouse":
         """Start it on a free port of `host` and wait until it accepts connections."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
+        port = free_port(host)
         cmd = [lighthouse_binary(), "--bind", f"{host}:{port}", "--min_replicas", str(min_replicas),
                "--join_timeout_ms", str(int(cfg.join_timeout_s * 1000)),
                "--heartbeat_timeout_ms", str(int(cfg.heartbeat_timeout_s * 1000)), "--quorum_tick_ms", "50"]

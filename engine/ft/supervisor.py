@@ -28,8 +28,9 @@ from core.errors import USER_ERROR_EXIT
 from core.rundir import SUPERVISED_ENV, RunDir
 from engine.ft.config import LIGHTHOUSE_ENV, REPLICA_ENV, FTConfig, quorum_size
 from engine.ft.lighthouse import Lighthouse
-from engine.launch.launcher import REPO, free_port, omp_threads
+from engine.launch.launcher import REPO, _script_args, free_port, omp_threads
 from engine.launch.config import LaunchConfig
+from engine.launch.rank_watch import RankWatch
 
 POLL_S = 0.2
 
@@ -59,13 +60,15 @@ class Supervisor:
                  stall_s: float = 30.0) -> None:
         self.ft, self.launch, self.run_dir, self.count, self.stall_s = ft, launch, run_dir, count, stall_s
         self.host = launch.master_addr or "127.0.0.1"
-        args = [o for o in overrides if not o.startswith(("hydra.run.dir=", "hydra.output_subdir="))]
-        self.cmd = [sys.executable, str(REPO / "cli.py"), *args, f"hydra.run.dir={run_dir.root}",
-                    "hydra.output_subdir=null"]
+        self.cmd = [sys.executable, str(REPO / "cli.py"), *_script_args(run_dir, overrides)]
         self.replicas = [ReplicaProcess(i) for i in range(count)]
         self.lighthouse: Optional[Lighthouse] = None
         self.failures: list[dict[str, Any]] = []
         self._stop_signal: Optional[int] = None
+
+    def _replica_dir(self, index: int) -> RunDir:
+        """RUN/replicas/<i>: the run directory replica `index` writes (engine.ft.config.Replica)."""
+        return RunDir(self.run_dir.root / "replicas" / str(index))
 
     # ---- processes --------------------------------------------------------------------------
     def _start(self, rep: ReplicaProcess, address: str) -> None:
@@ -179,7 +182,7 @@ class Supervisor:
         if rep.done or rep.proc is None or rep.proc.poll() is not None:
             return
         try:
-            stamp = (self.run_dir.root / f"replicas/{rep.index}/logs/rank_0.progress").stat().st_mtime_ns
+            stamp = self._replica_dir(rep.index).rank_progress(0).stat().st_mtime_ns
         except OSError:
             return  # not beating yet (starting up): nothing to judge
         now = time.monotonic()
@@ -191,17 +194,15 @@ class Supervisor:
             os.killpg(rep.proc.pid, signal.SIGKILL)
 
     def _report_user_error(self, rep: ReplicaProcess) -> None:
-        error = self.run_dir.root / f"replicas/{rep.index}/logs/rank_0.error"
-        line = error.read_text().strip() if error.exists() else f"replica {rep.index} exited with a user error"
-        print(f"syncopt: error: {line.split(': ', 1)[-1] if line.startswith('UserError') else line}",
-              file=sys.stderr, flush=True)
+        """The replica's one-line user error, as a launched job's (engine.launch.rank_watch)."""
+        print(f"syncopt: error: {RankWatch(self._replica_dir(rep.index)).user_error()}", file=sys.stderr, flush=True)
 
     def _write_summary(self, ended: str) -> None:
         """RUN/summary.json: each replica's summary (from RUN/replicas/<i>/summary.json) and the
         job's failures and restarts; the metrics are the first finished replica's."""
         per_replica: dict[str, Any] = {}
         for rep in self.replicas:
-            path = self.run_dir.root / f"replicas/{rep.index}/summary.json"
+            path = self._replica_dir(rep.index).summary
             if path.exists():
                 per_replica[str(rep.index)] = json.loads(path.read_text())
         first = next(iter(per_replica.values()), {})

@@ -114,7 +114,8 @@ def expand_rows(table: TableConfig) -> TableConfig:
     if table.every_algorithm:  # registry order; a listed row takes its algorithm's place
         listed = {r.label: r for r in rows}
         found = algorithm_rows()
-        rows = [listed.get(r.label, r) for r in found] + [r for r in rows if r.label not in {f.label for f in found}]
+        found_labels = {f.label for f in found}
+        rows = [listed.get(r.label, r) for r in found] + [r for r in rows if r.label not in found_labels]
     if table.quick:
         unknown = sorted(set(table.quick_rows) - {r.label for r in rows})
         if unknown:

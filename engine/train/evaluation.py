@@ -81,11 +81,10 @@ class Evaluator:
             dist.barrier()
         model = self.algo.eval_model(self.model) if self.evaluates else None
         result: dict[str, float] = {}
-        if self.val_stream is not None:  # (every rank has one, or none: a collective)
-            result.update(evaluate(model, self.val_stream.batches() if model is not None else iter(()),
-                                   self.forward, self.ctx.device, self.num_classes, prefix="val"))
-        result.update(evaluate(model, self.eval_stream.batches() if model is not None else iter(()),
-                               self.forward, self.ctx.device, self.num_classes))
+        for prefix, stream in (("val", self.val_stream), ("test", self.eval_stream)):
+            if stream is not None:  # (every rank has a validation stream, or none: a collective)
+                result.update(evaluate(model, stream.batches() if model is not None else iter(()),
+                                       self.forward, self.ctx.device, self.num_classes, prefix=prefix))
         sent = torch.tensor([float(self.algo.comm.as_metrics()["comm_bytes"])], dtype=torch.float64)
         dist.all_reduce(sent)
         result = {**result, "comm_bytes_total": int(sent.item())}

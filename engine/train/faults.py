@@ -164,10 +164,11 @@ class FaultInjector:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.log = FaultLog(run_dir)
         kills, stalls = parse_faults(cfg, world_size)
-        fired = {e.get("spec") for e in self.log.events() if e.get("event") in ("kill", "stall")}
+        events = self.log.events()
+        fired = {e.get("spec") for e in events if e.get("event") in ("kill", "stall")}
         self.kills = {f.step: f for f in kills if f.rank == rank and f.spec not in fired}
         self.stalls = {f.step: f for f in stalls if f.rank == rank and f.spec not in fired}
-        self.mtbf_index = sum(1 for e in self.log.events() if e.get("event") == "kill" and e.get("kind") == "mtbf")
+        self.mtbf_index = sum(1 for e in events if e.get("event") == "kill" and e.get("kind") == "mtbf")
         self.attempt = current_attempt()
         self._mtbf: Optional[tuple[float, int]] = None
         self._started = time.monotonic()

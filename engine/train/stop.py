@@ -76,6 +76,9 @@ class Budget:
     def of(cls, train_cfg: Any) -> "Budget":
         return cls(train_cfg.budget_samples, train_cfg.budget_bytes, train_cfg.budget_wall_s)
 
+    def active(self) -> bool:
+        return self.samples is not None or self.needs_agreement()
+
     def needs_agreement(self) -> bool:
         return self.bytes is not None or self.wall_s is not None
 

@@ -33,7 +33,7 @@ from engine.train.checkpointer import Checkpointer
 from engine.train.clock import TrainClock
 from engine.train.compute import plain_state_dict, prepare_model
 from engine.train.evaluation import Evaluator
-from engine.train.faults import FaultInjector, FaultLog, fault_summary
+from engine.train.faults import FaultInjector, fault_summary
 from engine.train.heartbeat import Heartbeat
 from engine.train.imbalance import ImbalanceInjector
 from engine.train.optim import Schedule, build_optimizer
@@ -182,7 +182,7 @@ class Trainer:
         started = self.faults.start(st.step, saved is not None, self.reporting)
         if started is not None and started["event"] == "resume" and self.report:
             self.report.note({"kind": "restart", "step": st.step, "attempt": started["attempt"],
-                              **fault_summary(FaultLog(self.plan.run_dir).events(), self.plan.num_train_ranks)})
+                              **fault_summary(self.faults.log.events(), self.plan.num_train_ranks)})
         stop = self.stop = StopAgreement(cfg.train.stop_after, cfg.train.preempt_check_every, self.total_steps,
                                          Budget.of(cfg.train), self.plan.batch.per_rank * self.plan.num_train_ranks)
         stopped: Optional[str] = None
@@ -219,9 +219,10 @@ class Trainer:
             if self.report:
                 self.report.after_step(st, self.schedule.lr_at(st.step), self.is_worker,
                                        {**self.algo.comm.as_metrics(), **self.algo.metrics()})
-            st.budget_stop = stop.budget_spent(st.step, self.algo.comm.as_metrics()["comm_bytes"], st.elapsed())
-            if st.budget_stop is not None:  # the run ends here: _finish evaluates and checkpoints it
-                break
+            if stop.budget.active():  # (no per-step work without a budget)
+                st.budget_stop = stop.budget_spent(st.step, self.algo.comm.as_metrics()["comm_bytes"], st.elapsed())
+                if st.budget_stop is not None:  # the run ends here: _finish evaluates and checkpoints it
+                    break
             improved = False
             if self.evaluator.due(st.step, st.epoch, epoch_end):
                 with clock.paused():
@@ -299,12 +300,12 @@ class Trainer:
                 **({"ft": self.ft_rounds.summary()} if self.ft_rounds is not None else {})}
         summary = gather_summary(mine, self.ctx.world_size, self.reporting, result, st, self.facts,
                                  self.best_metric, self.plan.algo.merge_summaries, self.split_record)
-        if summary is not None:
-            summary.update(self.stop.summary(st.budget_stop, {"samples": st.samples_seen,
-                                                               "bytes": summary["comm_bytes"],
-                                                               "wall_s": summary["wall_s"]}))
-        if summary is not None and self.report:
-            summary.update(fault_summary(FaultLog(self.plan.run_dir).events(), self.plan.num_train_ranks))
+        if summary is None:
+            return None
+        summary.update(self.stop.summary(st.budget_stop, {"samples": st.samples_seen, "bytes": summary["comm_bytes"],
+                                                           "wall_s": summary["wall_s"]}))
+        if self.report:
+            summary.update(fault_summary(self.faults.log.events(), self.plan.num_train_ranks))
             self.report.finish(summary)
         return summary
 
@@ -316,13 +317,13 @@ def data_request(plan: RunPlan, ctx: DistContext, replica: Optional[Replica] = N
     train, evaluate = plan.layout.train, plan.layout.evaluate
     per_rank = plan.batch.per_rank
     if replica is not None:
-        return DataRequest(batch_size=per_rank, eval_batch_size=plan.config.data.eval_batch_size or max(per_rank, 64),
-                           seed=plan.config.seed, shard=replica.index, num_shards=replica.count, eval_shard=0,
-                           eval_num_shards=1, device=ctx.device)
+        parts = {"shard": replica.index, "num_shards": replica.count, "eval_shard": 0, "eval_num_shards": 1}
+    else:
+        parts = {"shard": train.index(ctx.rank) if ctx.rank in train else None, "num_shards": len(train),
+                 "eval_shard": evaluate.index(ctx.rank) if ctx.rank in evaluate else 0,
+                 "eval_num_shards": len(evaluate)}
     return DataRequest(batch_size=per_rank, eval_batch_size=plan.config.data.eval_batch_size or max(per_rank, 64),
-                       seed=plan.config.seed, shard=train.index(ctx.rank) if ctx.rank in train else None,
-                       num_shards=len(train), eval_shard=evaluate.index(ctx.rank) if ctx.rank in evaluate else 0,
-                       eval_num_shards=len(evaluate), device=ctx.device)
+                       seed=plan.config.seed, device=ctx.device, **parts)
 
 
 def run_facts(plan: RunPlan, trainer: Trainer) -> RunFacts:
