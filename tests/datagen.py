@@ -72,7 +72,7 @@ def write_cifar(root: str | Path, name: str = "cifar10", n_train: int = 96, n_te
     return Path(root)
 
 
-def _natural(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+def natural_image(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
     """Smooth colour noise plus grain: at 300-500 px and quality 90, JPEGs of about 80 KiB, near
     ImageNet's (about 110 KiB), so decoding costs roughly what a photograph's does."""
     from PIL import Image
@@ -97,7 +97,7 @@ def write_imagefolder(root: str | Path, num_classes: int = 3, n_train: int = 48,
             (root / split / f"class_{c:03d}").mkdir(parents=True, exist_ok=True)
         for i in ids:
             h, w = (int(v) for v in rng.integers(sizes[0], sizes[1] + 1, 2))
-            img = _natural(rng, h, w) if natural else sample_image(i, h, w)
+            img = natural_image(rng, h, w) if natural else sample_image(i, h, w)
             cls = imagefolder_label(i, num_classes)
             Image.fromarray(img).save(root / split / f"class_{cls:03d}" / f"img_{i:05d}.jpg", quality=quality)
     return root

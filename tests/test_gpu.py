@@ -58,6 +58,34 @@ def test_resume_on_the_gpu_is_identical(tmp_path: Path) -> None:
         assert not d, f"rank {rank}: {d[:10]}"
 
 
+def _resume_with_loader_workers(rank: int, world: int, tmp: str, device: str) -> list[str]:
+    from tests.test_resume_registry import algo_overrides, resume_scenario
+
+    torch.backends.cudnn.deterministic = True
+    over = algo_overrides("allreduce") + [
+        "data=cifar10", f"paths.data_root={tmp}", "data.val_fraction=null", "data.val_count=32", "data.pipeline=torchvision",
+        "data.num_workers=2", "model=resnet20", "train.batch_size=16", "data.eval_batch_size=64",
+        f"dist.device={device}", "train.precision=" + ("bf16" if device == "cuda" else "fp32")]
+    return resume_scenario(rank, world, over, tmp)
+
+
+def resume_with_loader_workers(tmp_path: Path, device: str) -> list[list[str]]:
+    """Two ranks, torchvision's loader with 2 worker processes each and CIFAR's random crops and
+    flips drawn in them: every tensor of every rank's final checkpoint (model, optimizer, the
+    torch, CUDA, numpy and Python RNG states) after a stop in mid-epoch and a resume, against the
+    uninterrupted run's."""
+    from tests.datagen import write_cifar
+
+    write_cifar(tmp_path / "cifar10", "cifar10", 224, 32)
+    env = ONE_GPU if device == "cuda" else {"CUDA_VISIBLE_DEVICES": ""}
+    return run_ranks(_resume_with_loader_workers, 2, str(tmp_path), device, device="auto", env=env, timeout=600)
+
+
+def test_resume_with_loader_workers_on_the_gpu_is_identical(tmp_path: Path) -> None:
+    for rank, d in enumerate(resume_with_loader_workers(tmp_path, "cuda")):
+        assert not d, f"rank {rank}: {d[:10]}"
+
+
 @pytest.mark.parametrize("algo", ["local_sgd", "wagma", "dgs"])
 def test_four_ranks_share_one_gpu(algo: str, tmp_path: Path) -> None:
     over = QUICK + [f"algo={algo}", "launch.nproc=4", "dist.device=auto", "data.pipeline=device"]

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The GPU session of issue 24, as run on a lent GPU machine that has torch but no package registry:
+# the missing wheels travel in .whl/ (and DALI's, too large for one transfer, as pieces of one tar
+# in .dali<k>/), and each step below is one call. Logs go to $OUT (or /tmp/gpu_out).
+#
+#   bench/gpu_session.sh start          install .whl/ into /tmp/site; the whole suite, in the background
+#   bench/gpu_session.sh piece          keep this call's piece of DALI's wheels
+#   bench/gpu_session.sh checks         bench/gpu_checks.py (shared GPU, 14 loader workers)
+#   bench/gpu_session.sh wait           until the suite ends (at most 540 s); its summary
+#   bench/gpu_session.sh measure        bench/throughput.py on CIFAR/ResNet-18, bench/gpu_checks.py wall, compile
+#   bench/gpu_session.sh dali           join and install DALI; its tests; bench/throughput.py DALI/ResNet-50 at 224
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_out}
+mkdir -p "$OUT" /root/dali
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+SUITE=/root/suite_repo
+
+piece() {
+  for d in .dali*/; do [[ -d $d ]] && cp -n "$d"* /root/dali/ 2>/dev/null; done
+  ls -la /root/dali
+}
+
+case "${1:-}" in
+  start)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      || exit 1
+    piece
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    python3 -c "import torch, hydra, deepspeed, wandb, torchft; print(torch.__version__, torch.cuda.get_device_name(0))" \
+      || exit 1
+    git rev-parse HEAD 2>/dev/null || true
+    rm -rf "$SUITE" && cp -r . "$SUITE"
+    (cd "$SUITE" && setsid nohup bash -c 'python3 -m pytest -p no:cacheprovider -q -rfEs --durations=15 \
+        >/root/suite.log 2>&1; echo $? >/root/suite.rc' >/dev/null 2>&1 &)
+    sleep 20; tail -3 /root/suite.log ;;
+  piece) piece ;;
+  checks)
+    piece
+    python3 bench/gpu_checks.py --only shared,workers 2>&1 | tee "$OUT/checks.log"
+    tail -2 /root/suite.log ;;
+  wait)
+    piece
+    for _ in $(seq 108); do [[ -f /root/suite.rc ]] && break; sleep 5; done
+    cp /root/suite.log "$OUT/suite.log"; echo "suite rc: $(cat /root/suite.rc 2>/dev/null || echo running)"
+    grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" /root/suite.log | tail -60 ;;
+  measure)
+    piece
+    python3 bench/throughput.py --model resnet18 --batch 512 --pipelines device --train-images 50000 --workers 8 \
+      --warmup 10 --steps 60 --log-every 10 2>&1 | tee "$OUT/throughput_cifar.log" | tail -6
+    python3 bench/gpu_checks.py --only wall,compile 2>&1 | tee "$OUT/gpu_checks_wall_compile.log" ;;
+  dali)
+    piece
+    cat /root/dali/part_* > /root/dali.tar && mkdir -p /root/daliwhl && tar xf /root/dali.tar -C /root/daliwhl \
+      && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site /root/daliwhl/*.whl \
+      || exit 1
+    python3 -c "import nvidia.dali as d; print('dali', d.__version__)"
+    python3 -m pytest -p no:cacheprovider -q -rfEs -k "dali" tests 2>&1 | tee "$OUT/dali_tests.log" | tail -15
+    python3 bench/throughput.py --data imagenet --pipelines dali --model resnet50 --batch 256 --train-images 12800 \
+      --workers 14 --warmup 10 --steps 30 --log-every 5 2>&1 | tee "$OUT/throughput_dali.log" | tail -6 ;;
+  *) sed -n 2,12p "$0"; exit 2 ;;
+esac
