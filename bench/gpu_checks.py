@@ -162,7 +162,7 @@ def compile_check(args: argparse.Namespace) -> dict[str, Any]:
         logs = "\n".join(p.read_text() for p in sorted((run_dir / "logs").glob("rank_*.log")))
         recompiles = len(re.findall(r"Recompiling function", proc.stdout + proc.stderr + logs))
         s = summary_of(run_dir)
-        out[mode] = {"samples_per_s": round(s["samples_per_s"], 1), "recompilations": recompiles,
+        out[mode] = {"samples_per_s": round(s["samples_per_s"], 1), "warmup_s": s.get("warmup_s"), "recompilations": recompiles,
                      "train_s": s["train_s"], "wall_s": s["wall_s"], "epochs": s["epochs"]}
     out["compile_vs_eager"] = round(out["compile"]["samples_per_s"] / out["eager"]["samples_per_s"], 3)
     out["ok"] = out["compile"]["recompilations"] == 0

@@ -36,6 +36,30 @@ from tests.datagen import (cifar_label, imagefolder_label, read_identity, sample
 from tests.harness import REPO, compose, run_ranks
 
 PIPELINES = ("torchvision", "ffcv", "dali")
+PACKAGES = {"ffcv": "ffcv", "dali": "nvidia.dali"}  # what each optional pipeline imports
+
+
+def installed(pipeline: str) -> bool:
+    import importlib.util
+
+    if pipeline not in PACKAGES:
+        return True
+    try:
+        return importlib.util.find_spec(PACKAGES[pipeline]) is not None
+    except ModuleNotFoundError:  # (no `nvidia` namespace at all)
+        return False
+
+
+def needs(pipeline: str) -> pytest.MarkDecorator:
+    """Skip where the pipeline's package is missing: a machine setup_env.sh cannot fully equip (the
+    GPU machine has no registry to build FFCV from). The repository's .venv is held to having
+    both by test_setup_installs_every_pipeline."""
+    return pytest.mark.skipif(not installed(pipeline), reason=f"data.pipeline={pipeline}: {PACKAGES.get(pipeline)} "
+                              "is not installed in this interpreter")
+
+
+ALL = [pytest.param(p, marks=needs(p)) for p in PIPELINES]
+OPTIONAL = [pytest.param(p, marks=needs(p)) for p in PACKAGES]
 SHARDS, BATCH = 2, 8
 CIFAR_TRAIN, CIFAR_TEST = 96, 24  # 6 batches per shard: the shards cover the set exactly
 FOLDER_CLASSES, FOLDER_TRAIN, FOLDER_VAL = 3, 48, 12  # 3 batches per shard
@@ -61,9 +85,11 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> str:
     root = tmp_path_factory.mktemp("data")
     write_cifar(root / "cifar10", "cifar10", CIFAR_TRAIN, CIFAR_TEST)
     write_imagefolder(root / "imagenet", FOLDER_CLASSES, FOLDER_TRAIN, FOLDER_VAL, sizes=(40, 72))
-    cfgs = [data_config(name, "ffcv", str(root)) for name in ("digits", "cifar10", "imagenet")]
-    cfgs += [data_config(name, "dali", str(root)) for name in ("digits", "cifar10")]
+    cfgs = [data_config(name, "ffcv", str(root)) for name in ("digits", "cifar10", "imagenet") if installed("ffcv")]
+    cfgs += [data_config(name, "dali", str(root)) for name in ("digits", "cifar10") if installed("dali")]
     prepare(cfgs, workers=1, timeout=CHILD_TIMEOUT)
+    if not installed("dali"):
+        return str(root)
     # the documented command, as a user runs it: it refuses to overwrite (one line, exit code 2)
     cmd = [sys.executable, "-m", "data.prepare", "data.pipeline=dali", f"paths.data_root={root}"]
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=CHILD_TIMEOUT)
@@ -212,7 +238,7 @@ def _report(pipeline: str, root: str) -> dict[str, Any]:
     return run_ranks(pipeline_report, 1, pipeline, root, timeout=CHILD_TIMEOUT)[0]
 
 
-@pytest.fixture(params=PIPELINES)
+@pytest.fixture(params=ALL)
 def report(request: pytest.FixtureRequest, data_root: str) -> tuple[str, dict[str, Any]]:
     return request.param, _report(request.param, data_root)
 
@@ -241,7 +267,7 @@ def test_order_is_deterministic_and_resume_is_exact(report: tuple[str, dict], na
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("pipeline", ["ffcv", "dali"])
+@pytest.mark.parametrize("pipeline", OPTIONAL)
 def test_one_pipeline_across_epochs(pipeline: str, data_root: str) -> None:
     """No rebuild (DALI) or recompilation (FFCV) at epoch boundaries or a resume; DALI's batches
     on digits unchanged from its per-epoch pipelines."""
@@ -256,6 +282,7 @@ def test_cifar_augmentation_is_a_padded_crop_and_flip(report: tuple[str, dict]) 
 
 
 @pytest.mark.timeout(600)
+@needs("ffcv")
 def test_ffcv_random_resized_crop_follows_torchvision(data_root: str) -> None:
     """The seeded crop draws windows as torchvision's RandomResizedCrop.get_params does: inside
     the image, with the same area and aspect statistics, and the same centre-crop fallback."""
@@ -283,7 +310,7 @@ def test_eval_shards_cover_the_test_set_once(report: tuple[str, dict]) -> None:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("pipeline", ["ffcv", "dali"])
+@pytest.mark.parametrize("pipeline", OPTIONAL)
 def test_same_samples_as_torchvision(pipeline: str, data_root: str) -> None:
     """digits: the same tensors bit for bit; un-augmented CIFAR: the same images in the same
     order (FFCV normalises as torchvision does; DALI to float rounding)."""
@@ -343,7 +370,7 @@ def train_and_resume(rank: int, world: int, pipeline: str, root: str, tmp: str) 
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("pipeline", ["ffcv", "dali"])
+@pytest.mark.parametrize("pipeline", OPTIONAL)
 def test_trainer_runs_and_resumes_bit_exactly(pipeline: str, data_root: str, tmp_path: Path) -> None:
     results = run_ranks(train_and_resume, 2, pipeline, data_root, str(tmp_path), timeout=720)
     for rank, res in enumerate(results):
@@ -360,6 +387,8 @@ def test_missing_prepared_files_name_the_command(tmp_path: Path) -> None:
 
     write_cifar(tmp_path / "cifar10", "cifar10", 8, 4)
     for pipeline, missing in (("ffcv", "ffcv/train.beton"), ("dali", "dali/train")):
+        if not installed(pipeline):  # (its missing package is what is named first)
+            continue
         with pytest.raises(UserError) as err:
             check_data_on_disk(data_config("cifar10", pipeline, str(tmp_path)))
         msg = str(err.value)
@@ -368,6 +397,7 @@ def test_missing_prepared_files_name_the_command(tmp_path: Path) -> None:
     check_data_on_disk(data_config("cifar10", "torchvision", str(tmp_path)))  # reads the set itself
 
 
+@needs("dali")
 def test_prepared_digits_of_another_split_are_refused(data_root: str) -> None:
     from data import check_data_on_disk
     from core.errors import UserError
@@ -375,6 +405,14 @@ def test_prepared_digits_of_another_split_are_refused(data_root: str) -> None:
     check_data_on_disk(data_config("digits", "dali", data_root))
     with pytest.raises(UserError, match="force=true"):
         check_data_on_disk(data_config("digits", "dali", data_root, "data.test_fraction=0.3"))
+
+
+def test_setup_installs_every_pipeline() -> None:
+    """scripts/setup_env.sh installs FFCV and DALI into the repository's .venv: where it could not,
+    CI fails here rather than skipping their tests."""
+    if Path(sys.prefix).resolve() != (REPO / ".venv").resolve():
+        pytest.skip(f"not the repository's .venv ({sys.prefix})")
+    assert all(installed(p) for p in PACKAGES), {p: installed(p) for p in PACKAGES}
 
 
 @pytest.mark.parametrize("pipeline,package", [("ffcv", "ffcv"), ("dali", "nvidia")])

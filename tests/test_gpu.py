@@ -131,6 +131,29 @@ def test_device_pipeline_on_the_gpu_equals_the_cpu(tmp_path: Path) -> None:
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(*reads))
 
 
+def test_device_pipeline_batches_never_wait_for_the_gpu(tmp_path: Path) -> None:
+    """After an epoch's first batch (its order goes to the GPU once), drawing a batch launches
+    kernels only: no copy or read that makes the host wait for queued GPU work, which would stop
+    the training loop from launching ahead (torch's sync debug mode raises on any)."""
+    from data import DataRequest, build_data
+    from tests.datagen import write_cifar
+    from tests.harness import compose
+
+    write_cifar(tmp_path / "cifar10", "cifar10", 96, 24)
+    cfg = compose(["data=cifar10", "data.pipeline=device", f"paths.data_root={tmp_path}", "data.val_fraction=0"]).data
+    train, _ = build_data(cfg, DataRequest(8, 8, seed=3, shard=0, num_shards=1, eval_shard=0, eval_num_shards=1,
+                                           device="cuda:0"))
+    batches = iter(train.batches(0))
+    next(batches)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(4):
+            x, y = next(batches)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert x.is_cuda and x.dtype == torch.float32 and len(y) == 8
+
+
 def _dali_mixed(rank: int, world: int, root: str) -> bool:
     from data import DataRequest, build_data
     from tests.harness import compose

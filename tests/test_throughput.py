@@ -60,13 +60,41 @@ def test_clock_synchronises_at_window_edges_only(monkeypatch: pytest.MonkeyPatch
     assert syncs == [5.0, 7.0, 110.0, 110.0]  # log steps 5 and 10, the pause before the evaluation, the end
 
 
+def test_warm_up_windows_are_apart_from_steady_state_throughput(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each segment's first log window (cuDNN autotuning, compilation, the loader's first fill) is
+    warm-up: a slow first step must not lower the steady-state throughput the summary reports."""
+    now = [0.0]
+    monkeypatch.setattr("engine.train.clock.time.perf_counter", lambda: now[0])
+    state = TrainState()
+
+    def segment(first: int, last: int, first_step_s: float) -> None:
+        clock = TrainClock(torch.device("cpu"), state, log_every=5)
+        clock.resume()
+        for step in range(first, last + 1):
+            now[0] += first_step_s if step == first else 1.0
+            clock.waited(0.5 if step == first else 0.1)
+            state.samples_seen += 8
+            clock.after_step(step, last)
+        clock.pause()
+
+    segment(1, 10, first_step_s=10.0)
+    assert state.warmup == {"seconds": 14.0, "samples": 40, "wait_seconds": pytest.approx(0.9)}
+    assert state.steady() == (5.0, 40, pytest.approx(0.5))  # 8 images/s, 10% waiting
+    segment(11, 20, first_step_s=6.0)  # a resumed segment warms up again
+    assert state.warmup["seconds"] == 24.0 and state.warmup["samples"] == 80
+    assert state.steady()[:2] == (10.0, 80)
+    short = TrainState(train_seconds=3.0, samples_seen=24, data_wait_seconds=1.0)
+    short.warmup.update(seconds=3.0, samples=24, wait_seconds=1.0)  # one window only: all of it
+    assert short.steady() == (3.0, 24, 1.0)
+
+
 def test_run_records_data_wait_and_utilisation(tmp_path: Path) -> None:
     overrides = ["train.max_steps=12", "train.log_every_steps=4", "train.eval_every_steps=6", "model.width=8",
                  "launch.nproc=1"]
     summary = run_ranks(train_in_rank, 1, overrides, str(tmp_path), timeout=120)[0]
-    for key in ("samples_per_s", "train_s", "wall_s", "data_wait_frac", "samples_per_s_per_gpu", "mfu"):
+    for key in ("samples_per_s", "train_s", "warmup_s", "wall_s", "data_wait_frac", "samples_per_s_per_gpu", "mfu"):
         assert key in summary, key
-    assert 0 < summary["train_s"] < summary["wall_s"] and 0 <= summary["data_wait_frac"] < 1
+    assert 0 < summary["warmup_s"] < summary["train_s"] < summary["wall_s"] and 0 <= summary["data_wait_frac"] < 1
     assert summary["samples_per_s_per_gpu"] is None and summary["mfu"] is None  # the CPU: no peak
     lines = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in lines if r["kind"] == "train"]

@@ -37,7 +37,8 @@ def gather_summary(mine: dict[str, Any], world_size: int, reporting: bool, resul
         return None
     workers = [e for e in every if e["worker"]]
     syncs = [e["comm"]["syncs"] for e in workers]
-    samples_per_s = state.samples_seen / state.train_seconds if state.train_seconds else 0.0
+    steady_s, steady_samples, steady_wait_s = state.steady()
+    samples_per_s = steady_samples / steady_s if steady_s else 0.0
     summary: dict[str, Any] = {
         **result,
         **selection(state, best_metric),
@@ -45,11 +46,14 @@ def gather_summary(mine: dict[str, Any], world_size: int, reporting: bool, resul
         "epochs": state.step / max(facts.steps_per_epoch, 1),
         "wall_s": round(state.elapsed(), 3),
         "train_s": round(state.train_seconds, 3),
-        "samples_per_s": samples_per_s,  # over training time: evaluation and checkpoints excluded
+        # steady-state: over training time (evaluation and checkpoints excluded) after each
+        # segment's first log window, whose seconds are `warmup_s` (engine/train/clock.py)
+        "samples_per_s": samples_per_s,
+        "warmup_s": round(state.warmup["seconds"], 3),
         # optimizer steps per second summed over the training ranks: a parameter server's worker updates/s
         "updates_per_s": state.step * facts.train_ranks / state.train_seconds if state.train_seconds else 0.0,
         "data_wait_s": round(state.data_wait_seconds, 3),
-        "data_wait_frac": state.data_wait_seconds / state.train_seconds if state.train_seconds else 0.0,
+        "data_wait_frac": steady_wait_s / steady_s if steady_s else 0.0,  # steady-state, as samples_per_s
         **utilisation(samples_per_s, facts.num_gpus, facts.flops_per_sample, facts.peak_flops),
         "model_flops_per_sample": facts.flops_per_sample,
         "peak_flops_per_gpu": facts.peak_flops,

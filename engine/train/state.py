@@ -24,6 +24,8 @@ class TrainState:
     train_seconds: float = 0.0  # wall seconds of training, evaluation and checkpoints excluded (all segments)
     data_wait_seconds: float = 0.0  # of which the loop waited for its next batch
     samples_seen: int = 0  # training samples over all training ranks
+    # each segment's first log window (seconds, samples, wait_seconds), counted apart as warm-up (clock.py)
+    warmup: dict[str, float] = field(default_factory=lambda: {"seconds": 0.0, "samples": 0, "wait_seconds": 0.0})
     last_eval: dict[str, float] = field(default_factory=dict)
     budget_stop: Optional[dict[str, Any]] = None  # the budget that ended the run (StopAgreement.budget_spent)
     resumed_from: Optional[int] = None  # the step this segment resumed at (None: fresh)
@@ -39,6 +41,14 @@ class TrainState:
         self.batch_in_epoch = 0
         return True
 
+    def steady(self) -> tuple[float, int, float]:
+        """(training seconds, samples, data-wait seconds) after the warm-up windows; all of them
+        where nothing followed a warm-up (a run of one log window)."""
+        seconds, samples = self.train_seconds - self.warmup["seconds"], self.samples_seen - self.warmup["samples"]
+        if seconds <= 0 or samples <= 0:
+            return self.train_seconds, self.samples_seen, self.data_wait_seconds
+        return seconds, samples, self.data_wait_seconds - self.warmup["wait_seconds"]
+
     def elapsed(self) -> float:
         return self.elapsed_before + (time.perf_counter() - self.started)
 
@@ -47,7 +57,7 @@ class TrainState:
                 "best": self.best, "best_step": self.best_step, "finalized": self.finalized,
                 "elapsed": self.elapsed(), "train_seconds": self.train_seconds,
                 "data_wait_seconds": self.data_wait_seconds,
-                "samples_seen": self.samples_seen, "last_eval": dict(self.last_eval),
+                "samples_seen": self.samples_seen, "warmup": dict(self.warmup), "last_eval": dict(self.last_eval),
                 "test_at_best": dict(self.test_at_best), "budget_stop": self.budget_stop}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -58,4 +68,5 @@ class TrainState:
         self.samples_seen, self.last_eval = state["samples_seen"], dict(state["last_eval"])
         self.test_at_best = dict(state.get("test_at_best", {}))  # (absent from older checkpoints)
         self.budget_stop = state.get("budget_stop")  # (absent from older checkpoints)
+        self.warmup = dict(state.get("warmup", self.warmup))  # (absent from older checkpoints)
         self.resumed_from = self.step
