@@ -54,7 +54,8 @@ def wait_for_ranks(run_dir: Path, cluster: SlurmCluster, job: str, world: int = 
     deadline = time.monotonic() + 400
     while not all(p.exists() for p in pid_files):
         assert time.monotonic() < deadline, f"the ranks of job {job} did not start"
-        assert cluster.job_field(job, "JobState") in ("PENDING", "RUNNING", "CONFIGURING")
+        state = cluster.job_field(job, "JobState")  # None: scontrol did not answer this time (a loaded slurmctld)
+        assert state in ("PENDING", "RUNNING", "CONFIGURING", None), f"job {job} is {state} before its ranks started"
         time.sleep(0.5)
 
 
