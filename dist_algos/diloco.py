@@ -112,6 +112,8 @@ class DiLoCo(LocalSGD):
         # compressed outer gradients, overlap and mixing (issue 22); None when all are off
         self.outer = OuterExchange.build(self.cfg, [self.params[r] for r in ranges], self.fragment_spans,
                                          self.world, self.ctx.rank)
+        if self.outer is not None:
+            self.outer.bind(self._landed_outer_step, self.global_model, self.comm.timed)
 
     # ---- training ---------------------------------------------------------------------------
     def step(self, ctx: StepContext) -> None:
@@ -186,34 +188,47 @@ class DiLoCo(LocalSGD):
         moves the global model by the combined one; the workers take it up now or `overlap_steps`
         inner steps later, mixed with their local values by `mixing`."""
         assert self.outer is not None
-        cfg = self.cfg
         pieces = [self.flat.buffers[i][lo:hi] for i, lo, hi in self.stat_spans]
         if pieces and self.world > 1:
             average_(pieces, None, self.world, bucket_bytes=self.bucket_bytes)
         sent = allreduce_bytes(sum(t.numel() * t.element_size() for t in pieces), self.world)
         for f in fragments:
-            with self.comm.timed():
-                combined, nbytes = self.outer.exchange(f, self.flat, self.global_model, self.step_now)
-            sent += nbytes
-            at = 0
-            for i, lo, hi in self.fragment_spans[f]:
-                g = combined[at:at + hi - lo].to(self.global_model[i].dtype)
-                averaged = self.global_model[i][lo:hi] - g  # what the workers' mean would be
-                outer_step_(self.global_model[i][lo:hi], self.outer_momentum_buffer[i][lo:hi], averaged,
-                            cfg.outer_lr, cfg.outer_momentum, cfg.nesterov)
-                at += hi - lo
-            self.outer.schedule(f, self.flat, self.global_model, self.step_now + 1)
+            if self.outer.overlapped:  # exchanged during the next tau inner steps, stepped and landed when due
+                self.outer.launch(f, self.flat, self.global_model, self.step_now, self.step_now + 1)
+            else:
+                with self.comm.timed():
+                    combined, nbytes = self.outer.exchange(f, self.flat, self.global_model, self.step_now)
+                sent += nbytes
+                self._apply_outer_gradient(f, combined)
+                self.outer.schedule(f, self.flat, self.global_model, self.step_now + 1)
             self.pending[f] = False
         for i, lo, hi in self.stat_spans:
             self.global_model[i][lo:hi].copy_(self.flat.buffers[i][lo:hi])
         self.comm.add(sent=sent, recv=sent, syncs=1)
         self.synced = not any(self.pending) and not self.outer.in_flight()
 
+    def _apply_outer_gradient(self, f: int, combined: torch.Tensor) -> None:
+        """The outer optimizer's step on fragment f's global values from the combined outer gradient."""
+        cfg, at = self.cfg, 0
+        for i, lo, hi in self.fragment_spans[f]:
+            g = combined[at:at + hi - lo].to(self.global_model[i].dtype)
+            averaged = self.global_model[i][lo:hi] - g  # what the workers' mean would be
+            outer_step_(self.global_model[i][lo:hi], self.outer_momentum_buffer[i][lo:hi], averaged,
+                        cfg.outer_lr, cfg.outer_momentum, cfg.nesterov)
+            at += hi - lo
+
+    def _landed_outer_step(self, f: int, combined: torch.Tensor, nbytes: int) -> None:
+        """An overlapped exchange has come back: its outer step, and its bytes in the accounting."""
+        self._apply_outer_gradient(f, combined)
+        self.comm.add(sent=nbytes, recv=nbytes)
+
     # ---- evaluation and the end -------------------------------------------------------------
     def eval_model(self, model: nn.Module) -> Optional[nn.Module]:
         """The global model (the same on every rank), BatchNorm statistics per `bn`."""
         if self.finalized:
             return model
+        if self.outer is not None:  # (an overlapped exchange in flight: its outer step first)
+            self.outer.resolve_all()
         scratch, _ = self._scratch_model(model)
         scratch.load_state_dict(model.state_dict())
         scratch.load_state_dict(self.global_views, strict=False)
@@ -237,6 +252,11 @@ class DiLoCo(LocalSGD):
                 self._after_sync(self.info.total_steps, local_steps)
         self._settle_bn(model)
         self.finalized = True
+
+    def close(self) -> None:
+        if self.outer is not None:
+            self.outer.close()
+        super().close()
 
     # ---- state and reporting ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -175,3 +175,37 @@ def test_local_sgd_compressed_delta_equals_reference() -> None:
         for step, (a, b) in enumerate(zip(got, want)):
             assert torch.allclose(a, b, atol=2e-6), (chain, step, (a - b).abs().max().item())
         assert torch.equal(runs[0][case][-1], runs[1][case][-1])
+
+
+def _streaming_wait(rank: int, world: int, tmp: str, exchange_s: float) -> dict[str, Any]:
+    """A Streaming DiLoCo run whose every outer exchange takes `exchange_s` more (a slow link) and
+    whose every inner step `STEP_MS` (train.imbalance.delay_ms): what the trainer waited for."""
+    import time
+
+    from dist_algos.compress.outer import OuterExchange
+    from tests.harness import train_in_rank
+
+    combine = OuterExchange._combine
+
+    def slow(self: OuterExchange, f: int, delta: torch.Tensor, step: int) -> Any:
+        time.sleep(exchange_s)
+        return combine(self, f, delta, step)
+
+    OuterExchange._combine = slow  # type: ignore[method-assign]
+    over = ["algo=diloco", "algo.inner_steps=6", "algo.fragments=1", "algo.overlap_steps=4", "train.max_steps=24",
+            f"train.imbalance.delay_ms={STEP_MS}", "model.width=8", "train.eval_every_epochs=null", "launch.nproc=2"]
+    summary = train_in_rank(rank, world, over + ["resume=null"], tmp)
+    return {"comm_s": summary["comm_s"] if summary else None, "syncs": summary["syncs"] if summary else None}
+
+
+STEP_MS = 150
+
+
+def test_streaming_overlap_hides_the_exchange_behind_the_inner_steps(tmp_path: Any) -> None:
+    """tau = 4 inner steps of 150 ms give an exchange slowed by 0.5 s 0.6 s to finish in: of the
+    four exchanges (steps 6, 12, 18, 24) only the last, which the end of training lands at once,
+    is waited for, about 0.5 s; synchronous exchanges would cost at least 4 x 0.5 s. (An
+    evaluation or a checkpoint also waits for what is in flight.) The numbers are the synchronous
+    order's: test_composed_diloco_equals_reference."""
+    got = run_ranks(_streaming_wait, 2, str(tmp_path), 0.5, timeout=300)[0]
+    assert got["syncs"] == 4 and got["comm_s"] is not None and 0.5 <= got["comm_s"] < 1.0, got

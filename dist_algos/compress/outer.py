@@ -5,17 +5,28 @@ Douillard et al. 2025: low-precision outer gradients), and Streaming DiLoCo's ov
 Per fragment f at its synchronisation: the outer gradient global - local of its parameters goes
 through the chain (`Communicator`, memory per fragment and worker); DiLoCo's outer optimizer moves
 the global model by the combined outer gradient. The new global values then land on the worker
-`overlap_steps` = tau inner steps later (the paper's overlap: communication runs while the next
-tau inner steps do; here the exchange itself is synchronous, what tau changes is when its result
-is used, which is the algorithm's effect), merged as local = alpha local + (1 - alpha) global
+`overlap_steps` = tau inner steps later, merged as local = alpha local + (1 - alpha) global
 (`mixing` = alpha; 0 replaces the local values). A fragment's update must land before its next
-synchronisation: tau < inner_steps."""
+synchronisation: tau < inner_steps.
+
+With tau > 0 and several workers the exchange runs while those tau inner steps do, as in the
+paper: at the synchronisation the outer gradient is taken (global - local, on the training
+thread) and handed to a communication thread whose collectives go over a process group of their
+own (so they never interleave with the trainer's); the outer optimizer step and the landing
+happen when the update is due, after waiting for the thread. Fragment f's global values, outer
+momentum and error-feedback memory are touched by nothing else in between (fragments are
+disjoint, and tau < inner_steps keeps one exchange per fragment in flight), so the numbers are
+those of the synchronous order: only the time the trainer waits changes. A checkpoint waits for
+what is in flight and saves the state the synchronous order has at that step."""
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
-from typing import Any, Optional
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, ContextManager, Optional
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from core.errors import UserError
@@ -36,11 +47,33 @@ def check_outer_options(cfg: Any) -> None:
         raise UserError(f"algo.outer_feedback={cfg.outer_feedback} needs a chain in algo.outer_compress")
 
 
+#: apply(fragment, combined outer gradient, bytes sent): DiLoCo's outer step on that fragment
+OuterStep = Callable[[int, torch.Tensor, int], None]
+
+
 class OuterExchange:
     def __init__(self, comms: list[Optional[Communicator]], spans: list[list[Span]], world: int, tau: int,
-                 alpha: float) -> None:
+                 alpha: float, group: Optional[dist.ProcessGroup] = None) -> None:
         self.comms, self.spans, self.world, self.tau, self.alpha = comms, spans, world, tau, alpha
-        self.flight: list[dict[str, Any]] = []  # updates sent, not yet landed: fragment, due, values
+        # updates sent, not yet landed: fragment, due, and its global values once its outer step
+        # ran (until then, on the overlapped path, the exchange's future)
+        self.flight: list[dict[str, Any]] = []
+        self.group = group  # the communication thread's own process group (overlapped path only)
+        self.pool: Optional[ThreadPoolExecutor] = None
+        self._outer_step: Optional[OuterStep] = None
+        self._global_model: list[torch.Tensor] = []
+        self._timed: Callable[[], ContextManager[Any]] = contextlib.nullcontext
+
+    @property
+    def overlapped(self) -> bool:
+        """The exchange runs during the tau inner steps (tau > 0, several workers, bound)."""
+        return self.group is not None and self._outer_step is not None
+
+    def bind(self, outer_step: OuterStep, global_model: list[torch.Tensor],
+             timed: Callable[[], ContextManager[Any]]) -> None:
+        """What landing an overlapped update needs from DiLoCo: its outer step on a fragment, the
+        global model (whose values land), and the timer of the time the trainer waits."""
+        self._outer_step, self._global_model, self._timed = outer_step, global_model, timed
 
     @classmethod
     def build(cls, cfg: Any, fragment_params: Sequence[list[nn.Parameter]], spans: list[list[Span]], world: int,
@@ -53,17 +86,53 @@ class OuterExchange:
             comms.append(None if chain is None else Communicator(
                 chain, cfg.outer_feedback, world, rank, [p.numel() for p in params],
                 shapes=[tuple(p.shape) for p in params]))
-        return cls(comms, spans, world, cfg.overlap_steps, cfg.mixing)
+        group = None
+        if cfg.overlap_steps > 0 and world > 1:  # (a collective: every rank builds it at set-up)
+            group = dist.new_group(list(range(world)))
+            for comm in comms:
+                if comm is not None:
+                    comm.group = group
+        return cls(comms, spans, world, cfg.overlap_steps, cfg.mixing, group)
 
-    def exchange(self, f: int, flat: FlatBuffer, global_model: list[torch.Tensor], step: int) -> tuple[torch.Tensor, int]:
-        """(combined outer gradient of fragment f, bytes this rank sent)."""
-        delta = torch.cat([(global_model[i][lo:hi] - flat.buffers[i][lo:hi]).float() for i, lo, hi in self.spans[f]])
+    def _delta(self, f: int, flat: FlatBuffer, global_model: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat([(global_model[i][lo:hi] - flat.buffers[i][lo:hi]).float() for i, lo, hi in self.spans[f]])
+
+    def _combine(self, f: int, delta: torch.Tensor, step: int) -> tuple[torch.Tensor, int]:
         comm = self.comms[f]
         if comm is not None:
             return comm.exchange(delta, step)
         if self.world > 1:
-            average_([delta], None, self.world)
+            average_([delta], self.group, self.world)
         return delta, allreduce_bytes(delta.numel() * delta.element_size(), self.world)
+
+    def exchange(self, f: int, flat: FlatBuffer, global_model: list[torch.Tensor], step: int) -> tuple[torch.Tensor, int]:
+        """(combined outer gradient of fragment f, bytes this rank sent), now."""
+        return self._combine(f, self._delta(f, flat, global_model), step)
+
+    def launch(self, f: int, flat: FlatBuffer, global_model: list[torch.Tensor], step: int, steps_done: int) -> None:
+        """The overlapped path: fragment f's outer gradient is taken now and exchanged on the
+        communication thread; its outer step and landing wait until it is due."""
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streaming-diloco")
+        future: Future = self.pool.submit(self._combine, f, self._delta(f, flat, global_model), step)
+        self.flight.append({"fragment": f, "due": steps_done + self.tau, "future": future})
+
+    def _resolve(self, item: dict[str, Any]) -> None:
+        """Wait for an overlapped exchange, run its outer step, keep the values that will land."""
+        future = item.pop("future", None)
+        if future is None:
+            return
+        assert self._outer_step is not None
+        with self._timed():
+            combined, nbytes = future.result()
+        self._outer_step(item["fragment"], combined, nbytes)
+        item["values"] = torch.cat([self._global_model[i][lo:hi].clone() for i, lo, hi in self.spans[item["fragment"]]])
+
+    def close(self) -> None:
+        """Stop the thread; on an error path an exchange whose peer died is not waited for."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = None
 
     def schedule(self, f: int, flat: FlatBuffer, global_model: list[torch.Tensor], steps_done: int) -> None:
         values = torch.cat([global_model[i][lo:hi].clone() for i, lo, hi in self.spans[f]])
@@ -79,6 +148,7 @@ class OuterExchange:
             if steps_done is not None and item["due"] > steps_done:
                 keep.append(item)
                 continue
+            self._resolve(item)
             at = 0
             for i, lo, hi in self.spans[item["fragment"]]:
                 new = item["values"][at:at + hi - lo].to(flat.buffers[i].dtype)
@@ -93,7 +163,14 @@ class OuterExchange:
     def in_flight(self) -> bool:
         return bool(self.flight)
 
+    def resolve_all(self) -> None:
+        """Wait for every exchange in flight and run its outer step: the global model is then what
+        the synchronous order has at this step (for an evaluation or a checkpoint)."""
+        for item in self.flight:
+            self._resolve(item)
+
     def state_dict(self) -> dict[str, Any]:
+        self.resolve_all()
         return {"memory": [c.state_dict() if c is not None else {} for c in self.comms],
                 "in_flight": [{"fragment": x["fragment"], "due": x["due"], "values": x["values"].clone()}
                               for x in self.flight]}
