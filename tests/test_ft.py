@@ -268,3 +268,22 @@ def test_without_failures_fault_tolerant_qsr_equals_the_plain_run(cli_env: dict,
     rounds = ft_run["ft"]["per_replica"]["0"]["participants"]
     assert len(rounds) == sum(r[2] for r in plain["algo_stats"]["H_rounds"])  # the run ends on a round
     assert all(r[1] == 3 and r[2] for r in rounds) and ft_run["ft"]["failures"] == 0
+
+
+def test_a_replacement_outrun_by_the_finished_survivors_is_stopped_not_left_waiting(cli_env: dict,
+                                                                                     tmp_path: Path) -> None:
+    """Killed 5 steps before the end, replica 1's replacement starts after the two survivors have
+    finished: alone it can never form a quorum of 2, and it once waited in torchft's quorum until
+    ft.quorum_timeout_s (an hour by default; 60 s here, then restarted and waiting again). The
+    supervisor stops it with one line and the job ends with the survivors' result."""
+    run_dir = tmp_path / "run"
+    start = time.monotonic()
+    job = start_job(["algo=local_sgd", "algo.period=4", "ft.enabled=true", "launch.nproc=3", "train.max_steps=60",
+                     "faults.kill=[1@55]", "ft.quorum_timeout_s=60", f"hydra.run.dir={run_dir}"], cli_env)
+    out, err = job.communicate(timeout=400)
+    assert job.returncode == 0, err[-3000:]
+    assert time.monotonic() - start < 55, f"the replacement was waited for ({time.monotonic() - start:.0f} s)"
+    assert "replica 1 (at step" in err and "cannot rejoin" in err, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 60 and summary["failures"] == 1 and summary["restarts"] == 1, summary
+    assert [o["replica"] for o in summary["ft"]["outrun"]] == [1] and summary["ft"]["ended"] == "finished"

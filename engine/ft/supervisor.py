@@ -64,6 +64,7 @@ class Supervisor:
         self.replicas = [ReplicaProcess(i) for i in range(count)]
         self.lighthouse: Optional[Lighthouse] = None
         self.failures: list[dict[str, Any]] = []
+        self.outrun: list[dict[str, Any]] = []  # replicas stopped because the others finished first
         self._stop_signal: Optional[int] = None
 
     def _replica_dir(self, index: int) -> RunDir:
@@ -168,12 +169,53 @@ class Supervisor:
                     rep.done = True
                     print(f"syncopt: replica {rep.index} died (exit code {code}) and used its ft.max_restarts="
                           f"{self.ft.max_restarts}; the others go on", file=sys.stderr, flush=True)
+            self._stop_the_outrun()
         finished = [r.index for r in self.replicas if r.exits and r.exits[-1] == 0]
         self._write_summary(ended="finished" if finished else "failed")
         if not finished:
             print(f"syncopt: every replica failed; see {self.run_dir.logs}", file=sys.stderr, flush=True)
             return 1
         return 0
+
+    def _stop_the_outrun(self) -> None:
+        """Replicas left behind: every other replica has finished, and those still running are
+        too few to form a quorum (`quorum_size`) and short of the finished ones' last step. They
+        can never heal or train again (seen: a replica killed near the end, whose replacement
+        started after the survivors had finished, waited for a quorum until ft.quorum_timeout_s),
+        so they are stopped, with one line; the job's result is the finished replicas'."""
+        running = [r for r in self.replicas if not r.done and r.proc is not None and r.proc.poll() is None]
+        finished = [r for r in self.replicas if r.done and r.exits and r.exits[-1] == 0]
+        if not running or not finished or len(running) >= quorum_size(self.ft, self.count):
+            return
+        if any(not r.done for r in self.replicas if r not in running):
+            return  # a replica is being restarted: it may still make up a quorum
+        final = max(self._final_step(r.index) for r in finished)
+        behind = [(r, self._step(r.index)) for r in running]
+        if final < 0 or any(step >= final for _, step in behind):
+            return  # (at the last step: ending, not waiting)
+        for rep, step in behind:
+            print(f"syncopt: replica {rep.index} (at step {step}) cannot rejoin: the other replicas finished at step "
+                  f"{final} before it healed, and {len(running)} replica(s) cannot form a quorum of "
+                  f"{quorum_size(self.ft, self.count)}; stopping it (the job's result is the finished replicas')",
+                  file=sys.stderr, flush=True)
+            rep.done = True
+            self.outrun.append({"replica": rep.index, "step": step, "final_step": final})
+            os.killpg(rep.proc.pid, signal.SIGKILL)  # (blocked in a quorum: a signal to stop is not heard)
+            rep.proc.wait()
+            rep.exits.append(rep.proc.returncode)
+
+    def _step(self, index: int) -> int:
+        """A replica's last step from its heartbeat file ("step time"); -1 when none yet."""
+        try:
+            return int(self._replica_dir(index).rank_progress(0).read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return -1
+
+    def _final_step(self, index: int) -> int:
+        try:
+            return int(json.loads(self._replica_dir(index).summary.read_text())["steps"])
+        except (OSError, ValueError, KeyError):
+            return -1
 
     def _kill_if_stalled(self, rep: ReplicaProcess) -> None:
         """A replica whose heartbeat (RUN/replicas/<i>/logs/rank_0.progress, written by a thread)
@@ -208,7 +250,7 @@ class Supervisor:
         first = next(iter(per_replica.values()), {})
         summary = {**first, "ft": {"ended": ended, "replicas": self.count, "failures": len(self.failures),
                                    "restarts": {str(r.index): r.restarts for r in self.replicas},
-                                   "failure_log": self.failures,
+                                   "failure_log": self.failures, "outrun": self.outrun,
                                    "per_replica": {i: s.get("ft", s.get("ranks", {})) for i, s in per_replica.items()}}}
         # the job-level counts under the names restart-all uses (summary.json, table columns)
         summary["failures"] = len(self.failures)
