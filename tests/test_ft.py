@@ -287,3 +287,6 @@ def test_a_replacement_outrun_by_the_finished_survivors_is_stopped_not_left_wait
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 60 and summary["failures"] == 1 and summary["restarts"] == 1, summary
     assert [o["replica"] for o in summary["ft"]["outrun"]] == [1] and summary["ft"]["ended"] == "finished"
+    # lost work in restart-all's terms: no step lost, replica 1 absent from its kill to the end
+    assert summary["faults_injected"] == 1 and summary["steps_lost"] == 0 and summary["replica_steps_lost"] == 5
+    assert 0 < summary["recover_s"] < summary["job_wall_s"], summary

@@ -35,6 +35,11 @@ from engine.launch.rank_watch import RankWatch
 POLL_S = 0.2
 
 
+#: seconds a replica left behind (see Supervisor._stop_the_outrun) must stay at one step before it
+#: is stopped: five heartbeats, so that one finishing its last steps is never taken for it
+OUTRUN_S = 10.0
+
+
 @dataclass
 class ReplicaProcess:
     index: int
@@ -65,6 +70,8 @@ class Supervisor:
         self.lighthouse: Optional[Lighthouse] = None
         self.failures: list[dict[str, Any]] = []
         self.outrun: list[dict[str, Any]] = []  # replicas stopped because the others finished first
+        self.started = time.time()
+        self._behind: dict[int, tuple[int, float]] = {}  # replica -> (its step, since when) while left behind
         self._stop_signal: Optional[int] = None
 
     def _replica_dir(self, index: int) -> RunDir:
@@ -191,8 +198,19 @@ class Supervisor:
             return  # a replica is being restarted: it may still make up a quorum
         final = max(self._final_step(r.index) for r in finished)
         behind = [(r, self._step(r.index)) for r in running]
-        if final < 0 or any(step >= final for _, step in behind):
-            return  # (at the last step: ending, not waiting)
+        # unknown (no heartbeat: starting, or ending, which removes it), at the last step or with
+        # its summary written: ending or not yet judgeable, not left behind
+        if final < 0 or any(step < 0 or step >= final or self._replica_dir(r.index).summary.exists()
+                            for r, step in behind):
+            self._behind.clear()
+            return
+        # its heartbeat lags by up to a beat: stopped only when its step has not moved for OUTRUN_S
+        now = time.monotonic()
+        for rep, step in behind:
+            if self._behind.get(rep.index, (None, 0.0))[0] != step:
+                self._behind[rep.index] = (step, now)
+        if any(now - self._behind[rep.index][1] < OUTRUN_S for rep, _ in behind):
+            return
         for rep, step in behind:
             print(f"syncopt: replica {rep.index} (at step {step}) cannot rejoin: the other replicas finished at step "
                   f"{final} before it healed, and {len(running)} replica(s) cannot form a quorum of "
@@ -239,6 +257,28 @@ class Supervisor:
         """The replica's one-line user error, as a launched job's (engine.launch.rank_watch)."""
         print(f"syncopt: error: {RankWatch(self._replica_dir(rep.index)).user_error()}", file=sys.stderr, flush=True)
 
+    def _lost_work(self, per_replica: dict[str, Any], final_step: int) -> dict[str, Any]:
+        """What the failures cost, in restart-all's terms: no optimizer step is lost (the survivors
+        go on), a killed replica's absence is lost work (replica-steps from its kill to the step it
+        healed at, or to the end if it never rejoined), recovery is the time from its kill to its
+        replacement training again (resumed from its checkpoint, before healing), and the job's
+        wall-clock is the supervisor's."""
+        injected, absent, recover = 0, 0, []
+        for rep in self.replicas:
+            path = self._replica_dir(rep.index).logs / "faults.jsonl"
+            events = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+            heals = sorted(int(h[0]) for h in per_replica.get(str(rep.index), {}).get("ft", {}).get("healed_state", []))
+            for kill in (e for e in events if e.get("event") in ("kill", "stall")):
+                injected += 1
+                rejoined = next((h for h in heals if h >= int(kill["step"])), final_step)
+                absent += max(0, rejoined - int(kill["step"]))
+                back = next((e for e in events if e.get("event") == "resume" and e["time"] >= kill["time"]), None)
+                if back is not None:
+                    recover.append(round(back["time"] - kill["time"], 3))
+        return {"faults_injected": injected, "steps_lost": 0, "replica_steps_lost": absent,
+                "recover_s": round(sum(recover), 3), "recover_s_each": recover,
+                "job_wall_s": round(time.time() - self.started, 3)}
+
     def _write_summary(self, ended: str) -> None:
         """RUN/summary.json: each replica's summary (from RUN/replicas/<i>/summary.json) and the
         job's failures and restarts; the metrics are the first finished replica's."""
@@ -255,6 +295,7 @@ class Supervisor:
         # the job-level counts under the names restart-all uses (summary.json, table columns)
         summary["failures"] = len(self.failures)
         summary["restarts"] = sum(r.restarts for r in self.replicas)
+        summary.update(self._lost_work(per_replica, int(first.get("steps", 0))))
         if ended != "finished":
             summary = {"ft": summary["ft"]}  # no results: the job did not finish
             path = self.run_dir.root / "ft_ended.json"
