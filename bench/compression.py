@@ -38,7 +38,7 @@ from dist_algos.compress.contract import Combine, EncodeContext  # noqa: E402
 CHAINS = [["topk:0.01"], ["topk_global:0.01"], ["randomk:0.01"], ["threshold:2.5"], ["qsgd:4:512"], ["terngrad"],
           ["sign"], ["signmv"], ["natural"], ["fp16"], ["bf16"], ["int8:256"], ["fp8:256"], ["quant:2"],
           ["dct_topk:64:32"], ["chunk_topk:64:32"], ["chunk_topk:64:32", "binquant:2:6"],
-          ["topk:0.01", "quant:2"], ["randomk:0.01", "fp16"]]
+          ["topk:0.01", "quant:2"], ["randomk:0.01", "fp16"], ["lowrank:4"]]
 
 
 def resnet50_shapes() -> list[tuple[int, ...]]:
