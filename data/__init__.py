@@ -11,7 +11,6 @@ docs/pipelines.md says how the three pipelines differ.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Optional
@@ -24,6 +23,7 @@ from core.schema import typed_section
 from core.spec import DataSpec
 from data.config import DataConfig, PathsConfig, Pipeline
 from data.pipelines import PIPELINES
+from data.pipelines import installed as pipeline_installed
 from data.prefetch import prefetched
 from data.prepared import check_prepared, needs_preparation
 from data.sets import DATASETS, register_dataset
@@ -49,9 +49,8 @@ def load_data_config(node: Any) -> DataConfig:
     cfg = typed_section(DataConfig, node, "data")
     DATASETS.get(cfg.name).check_config(cfg)
     validation_rule(cfg)  # two validation sizes at once: one line, before launch
-    package = PIPELINES[cfg.pipeline][1]
-    if package and importlib.util.find_spec(package.split(".")[0]) is None:
-        raise UserError(f"data.pipeline={cfg.pipeline} needs the {package} package, which is not "
+    if not pipeline_installed(cfg.pipeline):
+        raise UserError(f"data.pipeline={cfg.pipeline} needs the {PIPELINES[cfg.pipeline][1]} package, which is not "
                         "installed here; run scripts/setup_env.sh (or pick data.pipeline=torchvision)")
     return cfg
 

@@ -111,9 +111,8 @@ class DiLoCo(LocalSGD):
         self.pending = [False] * self.cfg.fragments  # inner steps taken since the fragment's outer step
         # compressed outer gradients, overlap and mixing (issue 22); None when all are off
         self.outer = OuterExchange.build(self.cfg, [self.params[r] for r in ranges], self.fragment_spans,
-                                         self.world, self.ctx.rank)
-        if self.outer is not None:
-            self.outer.bind(self._landed_outer_step, self.global_model, self.comm.timed)
+                                         self.world, self.ctx.rank, self.global_model, self._landed_outer_step,
+                                         self.comm.timed)
 
     # ---- training ---------------------------------------------------------------------------
     def step(self, ctx: StepContext) -> None:
@@ -194,13 +193,13 @@ class DiLoCo(LocalSGD):
         sent = allreduce_bytes(sum(t.numel() * t.element_size() for t in pieces), self.world)
         for f in fragments:
             if self.outer.overlapped:  # exchanged during the next tau inner steps, stepped and landed when due
-                self.outer.launch(f, self.flat, self.global_model, self.step_now, self.step_now + 1)
+                self.outer.launch(f, self.flat, self.step_now, self.step_now + 1)
             else:
                 with self.comm.timed():
-                    combined, nbytes = self.outer.exchange(f, self.flat, self.global_model, self.step_now)
+                    combined, nbytes = self.outer.exchange(f, self.flat, self.step_now)
                 sent += nbytes
                 self._apply_outer_gradient(f, combined)
-                self.outer.schedule(f, self.flat, self.global_model, self.step_now + 1)
+                self.outer.schedule(f, self.step_now + 1)
             self.pending[f] = False
         for i, lo, hi in self.stat_spans:
             self.global_model[i][lo:hi].copy_(self.flat.buffers[i][lo:hi])

@@ -31,35 +31,25 @@ import pytest
 import torch
 
 from data import DATASETS
+from data.pipelines import installed
 from tests.datagen import (cifar_label, imagefolder_label, read_identity, sample_image, write_cifar,
                            write_imagefolder)
 from tests.harness import REPO, compose, run_ranks
 
 PIPELINES = ("torchvision", "ffcv", "dali")
-PACKAGES = {"ffcv": "ffcv", "dali": "nvidia.dali"}  # what each optional pipeline imports
-
-
-def installed(pipeline: str) -> bool:
-    import importlib.util
-
-    if pipeline not in PACKAGES:
-        return True
-    try:
-        return importlib.util.find_spec(PACKAGES[pipeline]) is not None
-    except ModuleNotFoundError:  # (no `nvidia` namespace at all)
-        return False
+OPTIONAL_PIPELINES = ("ffcv", "dali")  # what setup_env.sh installs beside torchvision
 
 
 def needs(pipeline: str) -> pytest.MarkDecorator:
     """Skip where the pipeline's package is missing: a machine setup_env.sh cannot fully equip (the
     GPU machine has no registry to build FFCV from). The repository's .venv is held to having
     both by test_setup_installs_every_pipeline."""
-    return pytest.mark.skipif(not installed(pipeline), reason=f"data.pipeline={pipeline}: {PACKAGES.get(pipeline)} "
-                              "is not installed in this interpreter")
+    return pytest.mark.skipif(not installed(pipeline), reason=f"data.pipeline={pipeline}: its package is not "
+                              "installed in this interpreter")
 
 
 ALL = [pytest.param(p, marks=needs(p)) for p in PIPELINES]
-OPTIONAL = [pytest.param(p, marks=needs(p)) for p in PACKAGES]
+OPTIONAL = [pytest.param(p, marks=needs(p)) for p in OPTIONAL_PIPELINES]
 SHARDS, BATCH = 2, 8
 CIFAR_TRAIN, CIFAR_TEST = 96, 24  # 6 batches per shard: the shards cover the set exactly
 FOLDER_CLASSES, FOLDER_TRAIN, FOLDER_VAL = 3, 48, 12  # 3 batches per shard
@@ -412,7 +402,7 @@ def test_setup_installs_every_pipeline() -> None:
     CI fails here rather than skipping their tests."""
     if Path(sys.prefix).resolve() != (REPO / ".venv").resolve():
         pytest.skip(f"not the repository's .venv ({sys.prefix})")
-    assert all(installed(p) for p in PACKAGES), {p: installed(p) for p in PACKAGES}
+    assert all(installed(p) for p in OPTIONAL_PIPELINES), {p: installed(p) for p in OPTIONAL_PIPELINES}
 
 
 @pytest.mark.parametrize("pipeline,package", [("ffcv", "ffcv"), ("dali", "nvidia")])

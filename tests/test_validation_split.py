@@ -14,7 +14,6 @@ report's figures).
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -29,6 +28,7 @@ import torch
 from core.errors import UserError
 from data import DATASETS
 from data.config import DataConfig
+from data.pipelines import installed
 from data.split import train_split, validation_indices
 from tests.datagen import cifar_label, read_identity, write_cifar
 from tests.harness import REPO, compose, run_ranks
@@ -182,10 +182,9 @@ def _prepared(pipeline: str, root: str) -> None:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("pipeline", ["torchvision", "device", "ffcv", "dali"])
 def test_validation_train_and_test_are_disjoint_and_resume_is_exact(pipeline: str, data_root: str) -> None:
-    package = {"ffcv": "ffcv", "dali": "nvidia"}.get(pipeline)
-    if package and importlib.util.find_spec(package) is None:
-        pytest.skip(f"{package} is not installed")
-    if package:
+    if not installed(pipeline):
+        pytest.skip(f"data.pipeline={pipeline}: its package is not installed")
+    if pipeline in ("ffcv", "dali"):
         _prepared(pipeline, data_root)
     report = run_ranks(pipeline_report, 1, pipeline, data_root, timeout=CHILD_TIMEOUT)[0]
     tests = set(range(N_TRAIN, N_TRAIN + N_TEST))

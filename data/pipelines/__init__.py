@@ -7,6 +7,7 @@ package (torchvision, FFCV, DALI) at its top, so it is imported only when chosen
 """
 from __future__ import annotations
 
+import importlib.util
 from typing import Optional
 
 from data.config import Pipeline
@@ -18,3 +19,16 @@ PIPELINES: dict[Pipeline, tuple[str, Optional[str]]] = {
     Pipeline.dali: ("data.pipelines.dali", "nvidia.dali"),
     Pipeline.device: ("data.pipelines.device", None),
 }
+
+
+def installed(pipeline: Pipeline | str) -> bool:
+    """Whether the package the pipeline needs can be imported here. Every dotted prefix is looked
+    up: `nvidia` alone exists wherever torch's CUDA wheels are installed, DALI or not."""
+    package = PIPELINES[Pipeline(pipeline)][1]
+    if package is None:
+        return True
+    parts = package.split(".")
+    try:
+        return all(importlib.util.find_spec(".".join(parts[:k])) is not None for k in range(1, len(parts) + 1))
+    except (ModuleNotFoundError, ValueError):
+        return False

@@ -16,6 +16,7 @@ themselves differ from torchvision's, as they do between the other pipelines.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -81,15 +82,13 @@ class DeviceAugment:
         if self.mean is None:  # (clone: even a one-channel batch gets the usual strides)
             return nchw.clone(memory_format=torch.contiguous_format)
         # the same operations, in the same order, as torchvision's ToTensor and Normalize
-        mean, std = _statistics(self.mean, self.std, nchw.device)
+        mean, std = _statistics(tuple(self.mean), tuple(self.std or ()), nchw.device)
         out = nchw.to(torch.float32, memory_format=torch.contiguous_format)
         return out.div_(255).sub_(mean).div_(std)
 
 
-_STATISTICS: dict[tuple[tuple[float, ...], tuple[float, ...], torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def _statistics(mean: tuple[float, ...], std: tuple[float, ...] | None, device: torch.device,
+@functools.lru_cache(maxsize=None)
+def _statistics(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device,
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The normalisation's mean and std as C x 1 x 1 tensors on `device`, made once per device.
 
@@ -98,11 +97,8 @@ def _statistics(mean: tuple[float, ...], std: tuple[float, ...] | None, device: 
     previous step had finished, so it could no longer launch ahead of the GPU. On an H100 that
     was 12.7% of ResNet-18's training time spent 'waiting for data' and 0.74 of the compute
     ceiling (bench/throughput.py, 2026-11-24)."""
-    key = (tuple(mean), tuple(std or ()), device)
-    if key not in _STATISTICS:
-        _STATISTICS[key] = (torch.tensor(mean, dtype=torch.float32, device=device).view(-1, 1, 1),
-                            torch.tensor(std, dtype=torch.float32, device=device).view(-1, 1, 1))
-    return _STATISTICS[key]
+    return (torch.tensor(mean, dtype=torch.float32, device=device).view(-1, 1, 1),
+            torch.tensor(std, dtype=torch.float32, device=device).view(-1, 1, 1))
 
 
 def crop_offsets(seeds: torch.Tensor, side: int, size: int, pad: int,

@@ -52,32 +52,31 @@ OuterStep = Callable[[int, torch.Tensor, int], None]
 
 
 class OuterExchange:
+    """Fragment f's exchange, outer step and landing, over DiLoCo's `global_model` (its outer
+    parameters); `outer_step` is DiLoCo's outer optimizer step on a fragment, `timed` the timer
+    of the time the trainer waits for an overlapped exchange."""
+
     def __init__(self, comms: list[Optional[Communicator]], spans: list[list[Span]], world: int, tau: int,
-                 alpha: float, group: Optional[dist.ProcessGroup] = None) -> None:
+                 alpha: float, global_model: list[torch.Tensor], outer_step: OuterStep,
+                 timed: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
+                 group: Optional[dist.ProcessGroup] = None) -> None:
         self.comms, self.spans, self.world, self.tau, self.alpha = comms, spans, world, tau, alpha
+        self.global_model, self.outer_step, self.timed = global_model, outer_step, timed
         # updates sent, not yet landed: fragment, due, and its global values once its outer step
         # ran (until then, on the overlapped path, the exchange's future)
         self.flight: list[dict[str, Any]] = []
         self.group = group  # the communication thread's own process group (overlapped path only)
         self.pool: Optional[ThreadPoolExecutor] = None
-        self._outer_step: Optional[OuterStep] = None
-        self._global_model: list[torch.Tensor] = []
-        self._timed: Callable[[], ContextManager[Any]] = contextlib.nullcontext
 
     @property
     def overlapped(self) -> bool:
-        """The exchange runs during the tau inner steps (tau > 0, several workers, bound)."""
-        return self.group is not None and self._outer_step is not None
-
-    def bind(self, outer_step: OuterStep, global_model: list[torch.Tensor],
-             timed: Callable[[], ContextManager[Any]]) -> None:
-        """What landing an overlapped update needs from DiLoCo: its outer step on a fragment, the
-        global model (whose values land), and the timer of the time the trainer waits."""
-        self._outer_step, self._global_model, self._timed = outer_step, global_model, timed
+        """The exchange runs during the tau inner steps (tau > 0 and several workers)."""
+        return self.group is not None
 
     @classmethod
     def build(cls, cfg: Any, fragment_params: Sequence[list[nn.Parameter]], spans: list[list[Span]], world: int,
-              rank: int) -> Optional["OuterExchange"]:
+              rank: int, global_model: list[torch.Tensor], outer_step: OuterStep,
+              timed: Callable[[], ContextManager[Any]]) -> Optional["OuterExchange"]:
         if build_chain(cfg.outer_compress) is None and cfg.overlap_steps == 0 and cfg.mixing == 0:
             return None
         comms: list[Optional[Communicator]] = []
@@ -92,10 +91,15 @@ class OuterExchange:
             for comm in comms:
                 if comm is not None:
                     comm.group = group
-        return cls(comms, spans, world, cfg.overlap_steps, cfg.mixing, group)
+        return cls(comms, spans, world, cfg.overlap_steps, cfg.mixing, global_model, outer_step, timed, group)
 
-    def _delta(self, f: int, flat: FlatBuffer, global_model: list[torch.Tensor]) -> torch.Tensor:
-        return torch.cat([(global_model[i][lo:hi] - flat.buffers[i][lo:hi]).float() for i, lo, hi in self.spans[f]])
+    def _delta(self, f: int, flat: FlatBuffer) -> torch.Tensor:
+        """Fragment f's outer gradient: global - local."""
+        return torch.cat([(self.global_model[i][lo:hi] - flat.buffers[i][lo:hi]).float() for i, lo, hi in self.spans[f]])
+
+    def _values(self, f: int) -> torch.Tensor:
+        """Fragment f's global values (a copy: what lands on the workers when it is due)."""
+        return torch.cat([self.global_model[i][lo:hi].clone() for i, lo, hi in self.spans[f]])
 
     def _combine(self, f: int, delta: torch.Tensor, step: int) -> tuple[torch.Tensor, int]:
         comm = self.comms[f]
@@ -105,16 +109,16 @@ class OuterExchange:
             average_([delta], self.group, self.world)
         return delta, allreduce_bytes(delta.numel() * delta.element_size(), self.world)
 
-    def exchange(self, f: int, flat: FlatBuffer, global_model: list[torch.Tensor], step: int) -> tuple[torch.Tensor, int]:
+    def exchange(self, f: int, flat: FlatBuffer, step: int) -> tuple[torch.Tensor, int]:
         """(combined outer gradient of fragment f, bytes this rank sent), now."""
-        return self._combine(f, self._delta(f, flat, global_model), step)
+        return self._combine(f, self._delta(f, flat), step)
 
-    def launch(self, f: int, flat: FlatBuffer, global_model: list[torch.Tensor], step: int, steps_done: int) -> None:
+    def launch(self, f: int, flat: FlatBuffer, step: int, steps_done: int) -> None:
         """The overlapped path: fragment f's outer gradient is taken now and exchanged on the
         communication thread; its outer step and landing wait until it is due."""
         if self.pool is None:
             self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streaming-diloco")
-        future: Future = self.pool.submit(self._combine, f, self._delta(f, flat, global_model), step)
+        future: Future = self.pool.submit(self._combine, f, self._delta(f, flat), step)
         self.flight.append({"fragment": f, "due": steps_done + self.tau, "future": future})
 
     def _resolve(self, item: dict[str, Any]) -> None:
@@ -122,11 +126,10 @@ class OuterExchange:
         future = item.pop("future", None)
         if future is None:
             return
-        assert self._outer_step is not None
-        with self._timed():
+        with self.timed():
             combined, nbytes = future.result()
-        self._outer_step(item["fragment"], combined, nbytes)
-        item["values"] = torch.cat([self._global_model[i][lo:hi].clone() for i, lo, hi in self.spans[item["fragment"]]])
+        self.outer_step(item["fragment"], combined, nbytes)
+        item["values"] = self._values(item["fragment"])
 
     def close(self) -> None:
         """Stop the thread; on an error path an exchange whose peer died is not waited for."""
@@ -134,9 +137,9 @@ class OuterExchange:
             self.pool.shutdown(wait=False, cancel_futures=True)
             self.pool = None
 
-    def schedule(self, f: int, flat: FlatBuffer, global_model: list[torch.Tensor], steps_done: int) -> None:
-        values = torch.cat([global_model[i][lo:hi].clone() for i, lo, hi in self.spans[f]])
-        self.flight.append({"fragment": f, "due": steps_done + self.tau, "values": values})
+    def schedule(self, f: int, steps_done: int) -> None:
+        """The synchronous path: fragment f's new global values land `tau` steps after `steps_done`."""
+        self.flight.append({"fragment": f, "due": steps_done + self.tau, "values": self._values(f)})
 
     def land_due(self, flat: FlatBuffer, steps_done: Optional[int]) -> None:
         """Merge every update due by `steps_done` into the workers' parameters; None: the end of

@@ -31,6 +31,8 @@ from engine.ft.lighthouse import Lighthouse
 from engine.launch.launcher import REPO, _script_args, free_port, omp_threads
 from engine.launch.config import LaunchConfig
 from engine.launch.rank_watch import RankWatch
+from engine.train.faults import FaultLog
+from engine.train.heartbeat import read_step
 
 POLL_S = 0.2
 
@@ -197,10 +199,10 @@ class Supervisor:
         if any(not r.done for r in self.replicas if r not in running):
             return  # a replica is being restarted: it may still make up a quorum
         final = max(self._final_step(r.index) for r in finished)
-        behind = [(r, self._step(r.index)) for r in running]
+        behind = [(r, read_step(self._replica_dir(r.index).rank_progress(0))) for r in running]
         # unknown (no heartbeat: starting, or ending, which removes it), at the last step or with
         # its summary written: ending or not yet judgeable, not left behind
-        if final < 0 or any(step < 0 or step >= final or self._replica_dir(r.index).summary.exists()
+        if final < 0 or any(step is None or step >= final or self._replica_dir(r.index).summary.exists()
                             for r, step in behind):
             self._behind.clear()
             return
@@ -221,13 +223,6 @@ class Supervisor:
             os.killpg(rep.proc.pid, signal.SIGKILL)  # (blocked in a quorum: a signal to stop is not heard)
             rep.proc.wait()
             rep.exits.append(rep.proc.returncode)
-
-    def _step(self, index: int) -> int:
-        """A replica's last step from its heartbeat file ("step time"); -1 when none yet."""
-        try:
-            return int(self._replica_dir(index).rank_progress(0).read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return -1
 
     def _final_step(self, index: int) -> int:
         try:
@@ -265,8 +260,7 @@ class Supervisor:
         wall-clock is the supervisor's."""
         injected, absent, recover = 0, 0, []
         for rep in self.replicas:
-            path = self._replica_dir(rep.index).logs / "faults.jsonl"
-            events = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+            events = FaultLog(self._replica_dir(rep.index)).events()
             heals = sorted(int(h[0]) for h in per_replica.get(str(rep.index), {}).get("ft", {}).get("healed_state", []))
             for kill in (e for e in events if e.get("event") in ("kill", "stall")):
                 injected += 1
