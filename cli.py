@@ -30,6 +30,7 @@ from core.rundir import RunDir
 from core.schema import config_error_line
 from engine import rank
 from engine.config import register_schemas
+from engine.ft.over_ssh import launch_over_ssh
 from engine.ft.supervisor import supervise
 from engine.launch.config import Launcher
 from engine.launch.launcher import stall_after_s, stopped_message
@@ -58,10 +59,15 @@ def main(cfg: DictConfig) -> None:
             raise UserError("launch.no_ssh=true: give hydra.run.dir=PATH, the same on every node "
                             "(on storage they share), so that all nodes write one run")
         lock = RunLock(run_dir)
-        if not (launch_cfg.no_ssh and launch_cfg.node_rank):  # node 0's cli.py owns a shared directory
+        # node 0's cli.py owns a shared directory (in fault-tolerant mode over ssh, the one pdsh starts there)
+        over_ssh = plan.config.ft.enabled and launch_cfg.hostfile and not launch_cfg.no_ssh
+        if not (launch_cfg.no_ssh and launch_cfg.node_rank) and not over_ssh:
             lock.acquire()  # held until the run ends
         save_hydra_record(run_dir, cfg, hc)
-    if plan.config.ft.enabled:  # one process per replica, restarted alone (engine/ft/supervisor.py)
+    if over_ssh:  # a supervisor per node, started on every host through pdsh (engine/ft/over_ssh.py)
+        with report_user_errors():  # a host that fails the checks: one line
+            code = launch_over_ssh(plan.config.launch, run_dir, list(hc.overrides.task))
+    elif plan.config.ft.enabled:  # one process per replica, restarted alone (engine/ft/supervisor.py)
         code = supervise(plan.config.ft, plan.config.launch, run_dir, plan.world_size, list(hc.overrides.task),
                          stall_after_s(plan.config.dist.timeout_s))
     elif _in_this_process(plan):

@@ -137,6 +137,31 @@ def test_the_lighthouse_dies_the_job_ends_in_one_line_and_resumes(cli_env: dict,
     assert summary["steps"] == 150 and summary["resumed_from"] is not None, summary
 
 
+def test_a_stop_request_checkpoints_every_replica_and_the_same_command_resumes(cli_env: dict, tmp_path: Path) -> None:
+    """slurm/syncopt.sbatch's time-limit warning writes RUN/stop_request: the supervisor passes it
+    to its replicas, which checkpoint and stop; the job exits 0 saying so, with no summary (a
+    table must not take it for a finished row), and the same command resumes to the end."""
+    run_dir = tmp_path / "run"
+    args = ["algo=local_sgd", "algo.period=4", "ft.enabled=true", "launch.nproc=2", "train.max_steps=100",
+            "train.imbalance.delay_ms=80", f"hydra.run.dir={run_dir}"]
+    job = start_job(args, cli_env)
+    wait_for(lambda: min(replica_step(run_dir, i) for i in (0, 1)) >= 12 or job.poll() is not None, 150, "step 12")
+    assert job.poll() is None, job.communicate()[1][-3000:]
+    (run_dir / "stop_request").touch()
+    _, err = job.communicate(timeout=120)
+    assert job.returncode == 0, err[-3000:]
+    assert "stopped early (signal SIGUSR1) with a checkpoint" in err, err[-3000:]
+    assert not (run_dir / "summary.json").exists() and (run_dir / "stopped.json").exists()
+    stopped_at = [int(json.loads(max((run_dir / f"replicas/{i}/checkpoints").glob("step_*/manifest.json")).read_text())
+                      ["step"]) for i in (0, 1)]
+    again = subprocess.run([sys.executable, CLI, *args], capture_output=True, text=True, env=cli_env, cwd=REPO,
+                           timeout=300)
+    assert again.returncode == 0 and "stopped early" not in again.stderr, again.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 100 and summary["resumed_from"] in stopped_at, (summary, stopped_at)
+    assert not (run_dir / "stopped.json").exists() and summary["ft"]["ended"] == "finished"
+
+
 # ---- the rounds, with a replica dying inside one ------------------------------------------------
 def _replica(index: int, lighthouse: str, out: str, dies: bool) -> None:
     from torch.distributed import TCPStore

@@ -138,6 +138,12 @@ def test_sbatch_commands_for_two_nodes(cluster: SlurmCluster, tmp_path: Path) ->
             assert expected in cmd, (expected, cmd)
     # every node runs the same command but for its rank
     assert commands["gpu07"][:-1] == commands["gpu08"][:-1]
+    assert "--kill-on-bad-exit=1" in srun  # a failed node ends the job ...
+    ft = subprocess.run(["bash", SBATCH, "algo=local_sgd", "ft.enabled=true", f"hydra.run.dir={tmp_path}/ft"],
+                        env={**env_run, **env}, capture_output=True, text=True, timeout=60)
+    assert ft.returncode == 0, ft.stderr
+    # ... except in fault-tolerant mode, where the other nodes' supervisors go on without it
+    assert "--kill-on-bad-exit=0" in re.search(r"^srun: (.*)$", ft.stdout, re.M).group(1).split()
 
     restarted = subprocess.run(["bash", SBATCH, "algo=allreduce", f"hydra.run.dir={tmp_path}/run"],
                                env={**env_run, **env, "SLURM_RESTART_COUNT": "1"}, capture_output=True,

@@ -42,10 +42,9 @@ def check_ft(ft: FTConfig, algo_name: str, ft_refusal: str, launch: Any, algo_cf
     if composed:
         raise UserError(f"ft.enabled=true has no fault-tolerant round for a compressed exchange (algo.{composed[0]} is "
                         "set): its error-feedback memory cannot be rolled back yet; drop it or use ft.enabled=false")
-    if launch.hostfile or launch.no_ssh or launch.network.emulated:
-        raise UserError("ft.enabled=true starts its replicas on this machine only (several machines are not "
-                        "supported yet in fault-tolerant mode); drop launch.hostfile/no_ssh/network, or use "
-                        "launch.max_restarts for a multi-node job")
+    if launch.network.emulated:
+        raise UserError("ft.enabled=true does not run on launch.network's emulated nodes yet; emulate nodes with "
+                        "network namespaces and launch.no_ssh=true per node, or drop launch.network")
     if str(launch.launcher) == "none":
         raise UserError("ft.enabled=true runs every rank as its own process; use launch.launcher=deepspeed "
                         "(the default; cli.py supervises the replicas itself) instead of launch.launcher=none")

@@ -17,7 +17,7 @@ from typing import Optional
 
 from core.errors import UserError
 from engine.ft.config import FTConfig
-from engine.launch.launcher import free_port
+from engine.launch.launcher import free_port, port_in_use
 
 
 def lighthouse_binary() -> str:
@@ -38,9 +38,14 @@ class Lighthouse:
         return f"http://{self.host}:{self.port}"
 
     @staticmethod
-    def start(host: str, cfg: FTConfig, log: Path, min_replicas: int, wait_s: float = 30.0) -> "Lighthouse":
-        """Start it on a free port of `host` and wait until it accepts connections."""
-        port = free_port(host)
+    def start(host: str, cfg: FTConfig, log: Path, min_replicas: int, port: Optional[int] = None,
+              wait_s: float = 30.0) -> "Lighthouse":
+        """Start it on `port` of `host` (None: a free one) and wait until it accepts connections.
+        Several nodes give the port every node was told (launch.master_port), so it must be free."""
+        if port is not None and port_in_use(port):
+            raise UserError(f"launch.master_port={port} is in use on node 0 ({host}), where the torchft lighthouse "
+                            "of this fault-tolerant job listens; pick another port (the same on every node)")
+        port = port or free_port(host)
         cmd = [lighthouse_binary(), "--bind", f"{host}:{port}", "--min_replicas", str(min_replicas),
                "--join_timeout_ms", str(int(cfg.join_timeout_s * 1000)),
                "--heartbeat_timeout_ms", str(int(cfg.heartbeat_timeout_s * 1000)), "--quorum_tick_ms", "50"]

@@ -11,6 +11,10 @@ every replica has finished or given up and at least one finished cleanly. If the
 no round can form any more: the supervisor ends the replicas and the job with one line naming
 it; a resume (the same command) continues from the replicas' last checkpoints. A user error in a
 replica (exit code 2) ends the job at once, as it would any job.
+
+Several nodes (`launch.hostfile` with `launch.no_ssh=true`, as slurm/syncopt.sbatch runs it): one
+supervisor per node, each owning its hostfile line's replicas; they meet through the shared run
+directory (engine/ft/nodes.py), node 0 holding the lighthouse and writing the job's summary.
 """
 from __future__ import annotations
 
@@ -28,7 +32,9 @@ from core.errors import USER_ERROR_EXIT
 from core.rundir import SUPERVISED_ENV, RunDir
 from engine.ft.config import LIGHTHOUSE_ENV, REPLICA_ENV, FTConfig, quorum_size
 from engine.ft.lighthouse import Lighthouse
-from engine.launch.launcher import REPO, _script_args, free_port, omp_threads
+from engine.ft.nodes import (NodeLayout, NodeRecord, NodeWatch, clear_job_files, layout_of, read_job_end,
+                             read_node_record, write_job_end, write_node_record)
+from engine.launch.launcher import REPO, _script_args, _wait_for_node0, _write_record, free_port, omp_threads
 from engine.launch.config import LaunchConfig
 from engine.launch.rank_watch import RankWatch
 from engine.train.faults import FaultLog
@@ -53,28 +59,33 @@ class ReplicaProcess:
     done: bool = False  # finished cleanly or gave up
 
 
-def replica_env(index: int, count: int, host: str, port: int, lighthouse: str, launch: LaunchConfig) -> dict[str, str]:
+def replica_env(index: int, count: int, host: str, port: int, lighthouse: str, launch: LaunchConfig,
+                here: Optional[int] = None) -> dict[str, str]:
+    """Replica `index` of `count`; `here`: how many replicas share this node's cores (None: all)."""
     env = dict(os.environ)
     env.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_SIZE": "1", "MASTER_ADDR": host,
                 "MASTER_PORT": str(port), REPLICA_ENV: f"{index}/{count}", LIGHTHOUSE_ENV: lighthouse,
-                "OMP_NUM_THREADS": str(omp_threads(launch, count)), "PYTHONUNBUFFERED": "1", SUPERVISED_ENV: "1"})
+                "OMP_NUM_THREADS": str(omp_threads(launch, here or count)), "PYTHONUNBUFFERED": "1", SUPERVISED_ENV: "1"})
     env.setdefault("PYTHONPATH", str(REPO))
     return env
 
 
 class Supervisor:
-    def __init__(self, ft: FTConfig, launch: LaunchConfig, run_dir: RunDir, count: int, overrides: list[str],
+    def __init__(self, ft: FTConfig, launch: LaunchConfig, run_dir: RunDir, layout: NodeLayout, overrides: list[str],
                  stall_s: float = 30.0) -> None:
-        self.ft, self.launch, self.run_dir, self.count, self.stall_s = ft, launch, run_dir, count, stall_s
-        self.host = launch.master_addr or "127.0.0.1"
+        self.ft, self.launch, self.run_dir, self.stall_s = ft, launch, run_dir, stall_s
+        self.layout, self.count, self.host = layout, layout.count, layout.host
         self.cmd = [sys.executable, str(REPO / "cli.py"), *_script_args(run_dir, overrides)]
-        self.replicas = [ReplicaProcess(i) for i in range(count)]
+        self.replicas = [ReplicaProcess(i) for i in layout.indices]  # this node's
         self.lighthouse: Optional[Lighthouse] = None
         self.failures: list[dict[str, Any]] = []
         self.outrun: list[dict[str, Any]] = []  # replicas stopped because the others finished first
         self.started = time.time()
         self._behind: dict[int, tuple[int, float]] = {}  # replica -> (its step, since when) while left behind
         self._stop_signal: Optional[int] = None
+        # the other nodes (several nodes only): lost when their record is silent for longer than a stall
+        self.nodes = NodeWatch(run_dir, layout, stale_s=max(30.0, 2 * stall_s), first_s=launch.node_wait_s)
+        self._stop_stamp = self._stop_request_stamp()
 
     def _replica_dir(self, index: int) -> RunDir:
         """RUN/replicas/<i>: the run directory replica `index` writes (engine.ft.config.Replica)."""
@@ -87,7 +98,7 @@ class Supervisor:
         log = self.run_dir.logs / f"replica_{rep.index}.out"
         log.parent.mkdir(parents=True, exist_ok=True)
         rep.proc = subprocess.Popen(self.cmd, env=replica_env(rep.index, self.count, self.host, rep.port, address,
-                                                              self.launch),
+                                                              self.launch, len(self.replicas)),
                                     stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
         self._write_pids()
 
@@ -111,22 +122,42 @@ class Supervisor:
                 proc.wait()
 
     # ---- the job ----------------------------------------------------------------------------
-    def run(self) -> int:
-        if self.ft.lighthouse is None:
-            self.lighthouse = Lighthouse.start(self.host, self.ft, self.run_dir.logs / "lighthouse.log",
-                                               quorum_size(self.ft, self.count))
-            address = self.lighthouse.address
+    def _lighthouse_address(self) -> str:
+        """Node 0 starts the lighthouse (unless ft.lighthouse names a cluster's); the other nodes
+        use node 0's, on the master address and port every node was given."""
+        if self.ft.lighthouse is not None:
+            return self.ft.lighthouse if "://" in self.ft.lighthouse else f"http://{self.ft.lighthouse}"
+        if self.layout.node == 0:
+            self.lighthouse = Lighthouse.start(self.layout.lighthouse_host, self.ft, self.run_dir.logs / "lighthouse.log",
+                                               quorum_size(self.ft, self.count), port=self.layout.lighthouse_port)
+            return self.lighthouse.address
+        return f"http://{self.layout.lighthouse_host}:{self.layout.lighthouse_port}"
+
+    def _meet(self) -> None:
+        """Several nodes: node 0 clears the last attempt's files, starts the lighthouse and then
+        writes its launch record; the others wait to see that record (the run directory is shared,
+        and the lighthouse is up)."""
+        record = {"mode": "ft_no_ssh", "nodes": self.layout.nodes, "replicas": self.count,
+                  "master_addr": self.layout.lighthouse_host, "master_port": self.layout.lighthouse_port}
+        if self.layout.node == 0:
+            _write_record(self.run_dir, {**record, "node": os.uname().nodename, "time": time.time()})
         else:
-            address = self.ft.lighthouse if "://" in self.ft.lighthouse else f"http://{self.ft.lighthouse}"
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+            _wait_for_node0(self.run_dir, record, self.launch.node_wait_s)
+
+    def run(self) -> int:
         logs = self.run_dir.logs
         logs.mkdir(parents=True, exist_ok=True)
-        for stale in [logs / "ft_go", *logs.glob("replica_*.ready")]:
-            stale.unlink(missing_ok=True)
+        if self.layout.node == 0:
+            clear_job_files(self.run_dir, self.layout.nodes)
+        address = self._lighthouse_address()
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
         try:
+            if self.layout.multi:
+                self._meet()
             for rep in self.replicas:
                 self._start(rep, address)
-            return self._watch(address)
+            code = self._watch(address)
+            return self._end_job(code) if self.layout.multi else code
         finally:
             self._end_all()
             if self.lighthouse is not None:
@@ -140,20 +171,61 @@ class Supervisor:
             if rep.proc is not None and rep.proc.poll() is None:
                 os.kill(rep.proc.pid, signum)
 
+    def _stop_request_stamp(self) -> Optional[int]:
+        try:
+            return self.run_dir.stop_request.stat().st_mtime_ns
+        except OSError:
+            return None
+
+    def _ready_to_go(self) -> bool:
+        """Every replica of the job is ready (its Manager is up) or done."""
+        remote = self.nodes.remote_replicas()
+        local = {r.index: r for r in self.replicas}
+        return all((self.run_dir.logs / f"replica_{i}.ready").exists()
+                   or (local[i].done if i in local else remote.get(i, {}).get("done", False))
+                   for i in range(self.count))
+
+    def _record(self, ended: Optional[str] = None, code: int = 0) -> None:
+        """This node's record for the others (several nodes only)."""
+        if not self.layout.multi:
+            return
+        write_node_record(self.run_dir, NodeRecord(
+            self.layout.node, {str(r.index): {"done": r.done, "exits": r.exits, "restarts": r.restarts}
+                               for r in self.replicas}, self.failures, self.outrun, ended, code))
+
+    def _end_early(self, code: int, ended: str, line: str) -> int:
+        """End this node's replicas and the job: one line, the record that tells the other nodes,
+        and (node 0) what the job left (ft_ended.json)."""
+        self._end_all()
+        if line:
+            print(line, file=sys.stderr, flush=True)
+        self._record(ended, code)
+        if self.layout.node == 0:
+            self._write_summary(ended=ended)
+        return code
+
     def _watch(self, address: str) -> int:
         go = self.run_dir.logs / "ft_go"
         while not all(r.done for r in self.replicas):
             time.sleep(POLL_S)
-            if not go.exists() and all((self.run_dir.logs / f"replica_{r.index}.ready").exists() or r.done
-                                       for r in self.replicas):
+            if self.layout.multi:
+                self.nodes.poll()
+                other = self.nodes.ended()
+                if other is not None:
+                    return self._end_early(other.code, other.ended or "", "")
+                if self.layout.node != 0 and self.nodes.lost(0):
+                    return self._end_early(1, "node 0 lost", f"syncopt: node 0 (the lighthouse's, {address}) has been "
+                                           "silent: no round can form; this node's replicas were stopped; run the same "
+                                           "command again on every node to resume from their last checkpoints")
+            if self._stop_signal is None and self._stop_request_stamp() not in (None, self._stop_stamp):
+                self._on_signal(signal.SIGUSR1, None)  # logs/stop_request (slurm/syncopt.sbatch's time-limit warning)
+            if self.layout.node == 0 and not go.exists() and self._ready_to_go():
                 go.write_text("go\n")  # every replica's Manager is up: training starts together
             if self.lighthouse is not None and self.lighthouse.dead() is not None:
-                self._end_all()
-                print(f"syncopt: the torchft lighthouse ({address}, pid {self.lighthouse.proc.pid}) died with code "
-                      f"{self.lighthouse.dead()}: no round can form; the replicas were stopped; run the same command "
-                      "again to resume from their last checkpoints", file=sys.stderr, flush=True)
-                self._write_summary(ended="lighthouse died")
-                return 1
+                return self._end_early(1, "lighthouse died", (
+                    f"syncopt: the torchft lighthouse ({address}, pid {self.lighthouse.proc.pid}) died with code "
+                    f"{self.lighthouse.dead()}: no round can form; the replicas were stopped; run the same command "
+                    "again to resume from their last checkpoints"))
             for rep in self.replicas:
                 self._kill_if_stalled(rep)
                 if rep.done or rep.proc is None or rep.proc.poll() is None:
@@ -166,6 +238,7 @@ class Supervisor:
                 if code == USER_ERROR_EXIT:
                     self._end_all()
                     self._report_user_error(rep)
+                    self._record("user error", USER_ERROR_EXIT)
                     return USER_ERROR_EXIT
                 self.failures.append({"replica": rep.index, "exit": code, "time": time.time()})
                 if rep.restarts < self.ft.max_restarts:
@@ -179,47 +252,109 @@ class Supervisor:
                     print(f"syncopt: replica {rep.index} died (exit code {code}) and used its ft.max_restarts="
                           f"{self.ft.max_restarts}; the others go on", file=sys.stderr, flush=True)
             self._stop_the_outrun()
-        finished = [r.index for r in self.replicas if r.exits and r.exits[-1] == 0]
+            self._record()
+        self._record()
+        if self.layout.multi:
+            return 0  # the job's end is decided in _end_job
+        return self._finish()
+
+    def _finish(self) -> int:
+        """Every replica of the job is done: the summary, and the job's exit code."""
+        finished = [i for i, state in self._all_replicas().items() if state["exits"] and state["exits"][-1] == 0
+                    and self._replica_dir(i).summary.exists()]
+        stopped = [i for i in range(self.count) if self._replica_dir(i).stopped.exists()]
+        if not finished and stopped:  # a stop signal or stop_request: checkpointed, to be resumed
+            self.run_dir.stopped.write_text(self._replica_dir(stopped[0]).stopped.read_text())
+            self._write_summary(ended="stopped")
+            return 0
         self._write_summary(ended="finished" if finished else "failed")
         if not finished:
             print(f"syncopt: every replica failed; see {self.run_dir.logs}", file=sys.stderr, flush=True)
             return 1
         return 0
 
+    def _end_job(self, code: int) -> int:
+        """Several nodes, this node's replicas done (or the job ended early): node 0 waits for the
+        other nodes' replicas, writes the summary and the job's end; the others wait for that end,
+        so every node exits with the job's code."""
+        ended_early = self._end_reason()
+        if self.layout.node == 0:
+            while not ended_early and not self.nodes.all_done():
+                time.sleep(POLL_S)
+                self.nodes.poll()
+                self._stop_the_outrun()
+                ended_early = self._end_reason()
+            if not ended_early:
+                code = self._finish()
+            write_job_end(self.run_dir, code, ended_early or "finished")
+            return code
+        while True:
+            end = read_job_end(self.run_dir)
+            if end is not None:
+                return int(end["code"])
+            self.nodes.poll()
+            if self.nodes.lost(0):
+                print("syncopt: node 0 went silent before the job's end was written; see "
+                      f"{self.run_dir.logs}", file=sys.stderr, flush=True)
+                return 1
+            time.sleep(POLL_S)
+
+    def _end_reason(self) -> Optional[str]:
+        """Why the job ended early, as this node or another recorded it (None: it did not)."""
+        mine = read_node_record(self.run_dir, self.layout.node)
+        if mine is not None and mine.ended:
+            return mine.ended
+        other = self.nodes.ended()
+        return other.ended if other is not None else None
+
+    def _all_replicas(self) -> dict[int, dict[str, Any]]:
+        """Every replica of the job: this node's from its processes, the others' from their nodes' records."""
+        states = {i: s for i, s in self.nodes.remote_replicas().items()} if self.layout.multi else {}
+        states.update({r.index: {"done": r.done, "exits": r.exits, "restarts": r.restarts} for r in self.replicas})
+        return states
+
     def _stop_the_outrun(self) -> None:
         """Replicas left behind: every other replica has finished, and those still running are
         too few to form a quorum (`quorum_size`) and short of the finished ones' last step. They
         can never heal or train again (seen: a replica killed near the end, whose replacement
         started after the survivors had finished, waited for a quorum until ft.quorum_timeout_s),
-        so they are stopped, with one line; the job's result is the finished replicas'."""
-        running = [r for r in self.replicas if not r.done and r.proc is not None and r.proc.poll() is None]
-        finished = [r for r in self.replicas if r.done and r.exits and r.exits[-1] == 0]
+        so they are stopped, with one line; the job's result is the finished replicas'. Over
+        several nodes every supervisor sees the same replicas (the others' through their records)
+        and stops only its own."""
+        states = self._all_replicas()
+        local = {r.index: r for r in self.replicas}
+        running = [i for i in range(self.count) if not states.get(i, {}).get("done", False)
+                   and (i not in local or (local[i].proc is not None and local[i].proc.poll() is None))]
+        finished = [i for i, st in states.items() if st["done"] and st["exits"] and st["exits"][-1] == 0]
         if not running or not finished or len(running) >= quorum_size(self.ft, self.count):
             return
-        if any(not r.done for r in self.replicas if r not in running):
+        if any(not states.get(i, {}).get("done", False) for i in range(self.count) if i not in running):
             return  # a replica is being restarted: it may still make up a quorum
-        final = max(self._final_step(r.index) for r in finished)
-        behind = [(r, read_step(self._replica_dir(r.index).rank_progress(0))) for r in running]
+        final = max(self._final_step(i) for i in finished)
+        behind = [(i, read_step(self._replica_dir(i).rank_progress(0))) for i in running]
         # unknown (no heartbeat: starting, or ending, which removes it), at the last step or with
         # its summary written: ending or not yet judgeable, not left behind
-        if final < 0 or any(step is None or step >= final or self._replica_dir(r.index).summary.exists()
-                            for r, step in behind):
+        if final < 0 or any(step is None or step >= final or self._replica_dir(i).summary.exists()
+                            for i, step in behind):
             self._behind.clear()
             return
         # its heartbeat lags by up to a beat: stopped only when its step has not moved for OUTRUN_S
         now = time.monotonic()
-        for rep, step in behind:
-            if self._behind.get(rep.index, (None, 0.0))[0] != step:
-                self._behind[rep.index] = (step, now)
-        if any(now - self._behind[rep.index][1] < OUTRUN_S for rep, _ in behind):
+        for index, step in behind:
+            if self._behind.get(index, (None, 0.0))[0] != step:
+                self._behind[index] = (step, now)
+        if any(now - self._behind[index][1] < OUTRUN_S for index, _ in behind):
             return
-        for rep, step in behind:
-            print(f"syncopt: replica {rep.index} (at step {step}) cannot rejoin: the other replicas finished at step "
+        for index, step in behind:
+            rep = local.get(index)
+            if rep is None or rep.proc is None:
+                continue  # another node's: its supervisor stops it
+            print(f"syncopt: replica {index} (at step {step}) cannot rejoin: the other replicas finished at step "
                   f"{final} before it healed, and {len(running)} replica(s) cannot form a quorum of "
                   f"{quorum_size(self.ft, self.count)}; stopping it (the job's result is the finished replicas')",
                   file=sys.stderr, flush=True)
             rep.done = True
-            self.outrun.append({"replica": rep.index, "step": step, "final_step": final})
+            self.outrun.append({"replica": index, "step": step, "final_step": final})
             os.killpg(rep.proc.pid, signal.SIGKILL)  # (blocked in a quorum: a signal to stop is not heard)
             rep.proc.wait()
             rep.exits.append(rep.proc.returncode)
@@ -259,9 +394,9 @@ class Supervisor:
         replacement training again (resumed from its checkpoint, before healing), and the job's
         wall-clock is the supervisor's."""
         injected, absent, recover = 0, 0, []
-        for rep in self.replicas:
-            events = FaultLog(self._replica_dir(rep.index)).events()
-            heals = sorted(int(h[0]) for h in per_replica.get(str(rep.index), {}).get("ft", {}).get("healed_state", []))
+        for index in range(self.count):
+            events = FaultLog(self._replica_dir(index)).events()
+            heals = sorted(int(h[0]) for h in per_replica.get(str(index), {}).get("ft", {}).get("healed_state", []))
             for kill in (e for e in events if e.get("event") in ("kill", "stall")):
                 injected += 1
                 rejoined = next((h for h in heals if h >= int(kill["step"])), final_step)
@@ -277,18 +412,23 @@ class Supervisor:
         """RUN/summary.json: each replica's summary (from RUN/replicas/<i>/summary.json) and the
         job's failures and restarts; the metrics are the first finished replica's."""
         per_replica: dict[str, Any] = {}
-        for rep in self.replicas:
-            path = self._replica_dir(rep.index).summary
+        for index in range(self.count):
+            path = self._replica_dir(index).summary
             if path.exists():
-                per_replica[str(rep.index)] = json.loads(path.read_text())
+                per_replica[str(index)] = json.loads(path.read_text())
         first = next(iter(per_replica.values()), {})
-        summary = {**first, "ft": {"ended": ended, "replicas": self.count, "failures": len(self.failures),
-                                   "restarts": {str(r.index): r.restarts for r in self.replicas},
-                                   "failure_log": self.failures, "outrun": self.outrun,
+        failures, outrun = list(self.failures), list(self.outrun)
+        for record in self.nodes.records.values():  # the other nodes' (several nodes)
+            failures += record.failures
+            outrun += record.outrun
+        restarts = {str(i): int(state.get("restarts", 0)) for i, state in sorted(self._all_replicas().items())}
+        summary = {**first, "ft": {"ended": ended, "replicas": self.count, "nodes": self.layout.nodes,
+                                   "failures": len(failures), "restarts": restarts,
+                                   "failure_log": failures, "outrun": outrun,
                                    "per_replica": {i: s.get("ft", s.get("ranks", {})) for i, s in per_replica.items()}}}
         # the job-level counts under the names restart-all uses (summary.json, table columns)
-        summary["failures"] = len(self.failures)
-        summary["restarts"] = sum(r.restarts for r in self.replicas)
+        summary["failures"] = len(failures)
+        summary["restarts"] = sum(restarts.values())
         summary.update(self._lost_work(per_replica, int(first.get("steps", 0))))
         if ended != "finished":
             summary = {"ft": summary["ft"]}  # no results: the job did not finish
@@ -300,4 +440,5 @@ class Supervisor:
 
 def supervise(ft: FTConfig, launch: LaunchConfig, run_dir: RunDir, count: int, overrides: list[str],
               stall_s: float = 30.0) -> int:
-    return Supervisor(ft, launch, run_dir, count, overrides, stall_s).run()
+    """Run this node's replicas of a fault-tolerant job of `count` replicas; the job's exit code."""
+    return Supervisor(ft, launch, run_dir, layout_of(launch, count), overrides, stall_s).run()

@@ -1,0 +1,185 @@
+"""A fault-tolerant job over several nodes: one supervisor per node, meeting in the run directory.
+
+With `launch.hostfile` and `launch.no_ssh=true` (slurm/syncopt.sbatch starts it so), the same
+command runs on every node; each node's cli.py supervises only the replicas of its own hostfile
+line (replica indices as DeepSpeed numbers the ranks, node by node). What one supervisor must know
+of the others travels through the run directory, which a no-ssh job already requires to be shared
+(node 0's launch record proves it before anything starts):
+
+- `logs/ft_node_<k>.json`, rewritten by node k every poll: its replicas (done, exit codes,
+  restarts), its failures, the replicas it stopped as outrun, and `ended` when it ended the job
+  (a user error, the lighthouse's death) so that every node ends with it;
+- the replicas' own files (ready flags, heartbeats, summaries), as on one node.
+
+Node 0 starts the lighthouse on `launch.master_addr:launch.master_port` (the port every node
+already agrees on; in this mode no replica uses it for a store), gives the start gate's go when
+every replica of every node is ready, waits for every node's replicas to be done, writes the job's
+summary and then `logs/ft_job.json`, which the other nodes wait for so that every node exits with
+the job's code. A node whose record has not changed for `stale_s` is taken as lost (its machine or
+supervisor died): its replicas count as done, so that the job can end.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from core.rundir import RunDir
+from engine.launch.config import node_plan_of
+
+
+@dataclass
+class NodeLayout:
+    """Where this supervisor stands: node `node` of `nodes`, owning replicas `indices` of `count`,
+    its replicas listening on `host`; the lighthouse is (or will be) on `lighthouse_host`:`lighthouse_port`
+    (port None: a free one, chosen by node 0 of a one-node job)."""
+
+    node: int
+    nodes: int
+    count: int
+    indices: list[int]
+    host: str
+    lighthouse_host: str
+    lighthouse_port: Optional[int] = None
+
+    @property
+    def multi(self) -> bool:
+        return self.nodes > 1
+
+
+def resolve(host: str) -> str:
+    """A hostfile's name as the address to bind (torchft's lighthouse binds an address, not a name)."""
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return host
+
+
+def layout_of(launch: Any, count: int) -> NodeLayout:
+    """This node's layout from the launch section: one node, or this line of a no-ssh hostfile."""
+    if not launch.hostfile:
+        host = launch.master_addr or "127.0.0.1"
+        return NodeLayout(0, 1, count, list(range(count)), host, host)
+    plan = node_plan_of(launch)
+    node = int(launch.node_rank)
+    return NodeLayout(node, len(plan.hosts), count, list(plan.ranks_of(node)), resolve(plan.hosts[node]),
+                      resolve(launch.master_addr or plan.hosts[0]), int(launch.master_port))
+
+
+@dataclass
+class NodeRecord:
+    """What node `node`'s supervisor knows of its own replicas (logs/ft_node_<k>.json)."""
+
+    node: int
+    replicas: dict[str, dict[str, Any]] = field(default_factory=dict)  # index -> done, exits, restarts
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    outrun: list[dict[str, Any]] = field(default_factory=list)
+    ended: Optional[str] = None  # why this node ended the job early (None: it has not)
+    code: int = 0  # the exit code that ending carries
+    time: float = 0.0
+
+    def finished(self) -> bool:
+        return all(r["done"] for r in self.replicas.values())
+
+
+def node_record_path(run_dir: RunDir, node: int) -> Path:
+    return run_dir.logs / f"ft_node_{node}.json"
+
+
+def job_end_path(run_dir: RunDir) -> Path:
+    return run_dir.logs / "ft_job.json"
+
+
+def _write_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, default=str))
+    tmp.replace(path)
+
+
+def write_node_record(run_dir: RunDir, record: NodeRecord) -> None:
+    record.time = time.time()
+    _write_atomic(node_record_path(run_dir, record.node), asdict(record))
+
+
+def read_node_record(run_dir: RunDir, node: int) -> Optional[NodeRecord]:
+    try:
+        return NodeRecord(**json.loads(node_record_path(run_dir, node).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def write_job_end(run_dir: RunDir, code: int, ended: str) -> None:
+    _write_atomic(job_end_path(run_dir), {"code": code, "ended": ended, "time": time.time()})
+
+
+def read_job_end(run_dir: RunDir) -> Optional[dict[str, Any]]:
+    try:
+        return json.loads(job_end_path(run_dir).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def clear_job_files(run_dir: RunDir, nodes: int) -> None:
+    """Node 0, before a job (or its resume) starts: the last attempt's go, ready flags, node
+    records, job end and stop marker must not be read as this attempt's."""
+    logs = run_dir.logs
+    stale = [logs / "ft_go", job_end_path(run_dir), run_dir.stopped, run_dir.root / "ft_ended.json",
+             *logs.glob("replica_*.ready")]
+    stale += [node_record_path(run_dir, k) for k in range(nodes)]
+    for path in stale:
+        path.unlink(missing_ok=True)
+
+
+class NodeWatch:
+    """The other nodes' records as this node sees them, each judged by when its content last
+    changed on this node's clock (nodes' clocks may differ): a node whose record has not changed
+    for `stale_s`, or has not appeared within `first_s` of this watch's start, is lost."""
+
+    def __init__(self, run_dir: RunDir, layout: NodeLayout, stale_s: float, first_s: float) -> None:
+        self.run_dir, self.layout, self.stale_s, self.first_s = run_dir, layout, stale_s, first_s
+        self.started = time.monotonic()
+        self._seen: dict[int, tuple[float, float]] = {}  # node -> (its record's time field, when it changed here)
+        self.records: dict[int, NodeRecord] = {}
+
+    def poll(self) -> None:
+        now = time.monotonic()
+        for node in range(self.layout.nodes):
+            if node == self.layout.node:
+                continue
+            record = read_node_record(self.run_dir, node)
+            if record is None:
+                continue
+            if self._seen.get(node, (None, 0.0))[0] != record.time:
+                self._seen[node] = (record.time, now)
+            self.records[node] = record
+
+    def lost(self, node: int) -> bool:
+        now = time.monotonic()
+        if node not in self._seen:
+            return now - self.started > self.first_s
+        return now - self._seen[node][1] > self.stale_s and not self.records[node].finished()
+
+    def others(self) -> list[int]:
+        return [k for k in range(self.layout.nodes) if k != self.layout.node]
+
+    def ended(self) -> Optional[NodeRecord]:
+        """Another node's record that ended the job (a user error, the lighthouse's death)."""
+        return next((r for r in self.records.values() if r.ended), None)
+
+    def remote_replicas(self) -> dict[int, dict[str, Any]]:
+        """Every other node's replicas: done, exits, restarts; a lost node's are done (failed)."""
+        out: dict[int, dict[str, Any]] = {}
+        for node in self.others():
+            record = self.records.get(node)
+            lost = self.lost(node)
+            for index, state in (record.replicas.items() if record else []):
+                out[int(index)] = {**state, "done": state["done"] or lost}
+        return out
+
+    def all_done(self) -> bool:
+        return all((self.records.get(k) is not None and self.records[k].finished()) or self.lost(k)
+                   for k in self.others())

@@ -1,0 +1,172 @@
+"""Fault-tolerant mode over two hosts (network namespaces, tests/emulated_hosts.py): one supervisor
+per node started with launch.no_ssh=true (as slurm/syncopt.sbatch starts them), node 0 holding the
+lighthouse on its own address, the nodes meeting in the shared run directory (engine/ft/nodes.py).
+
+One 2-host x 2-replica local SGD job; a replica of node 1 is killed by pid mid-run. Both nodes'
+cli.py must exit 0; node 0's summary counts the failure (node 1's record); the three survivors'
+rounds after the kill are committed with three participants, across both hosts; the replacement
+heals from a live peer on either host (the model it loaded is one a survivor sent) and the last
+rounds have all four again. The same over pdsh (cli.py started once, on host 0). Then the
+refusal that stays (an emulated launch.network) and the nodes' records without processes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.emulated_hosts import IFNAME, EmulatedHosts, namespaces_usable
+
+pytest.importorskip("torchft")
+pytestmark = pytest.mark.multinode
+
+REPO = Path(__file__).resolve().parent.parent
+PY = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
+TIMEOUT = 300
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory):
+    reason = namespaces_usable()
+    if reason:
+        pytest.skip(reason)
+    made = EmulatedHosts(tmp_path_factory.mktemp("hosts"))
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def replica_step(run_dir: Path, index: int) -> int:
+    try:
+        return int((run_dir / f"replicas/{index}/logs/rank_0.progress").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+@pytest.mark.parametrize("way", ["no_ssh", "pdsh"])
+def test_two_hosts_a_killed_replica_heals_across_hosts_and_both_nodes_succeed(way: str, hosts: EmulatedHosts,
+                                                                             cli_env: dict, tmp_path: Path) -> None:
+    """no_ssh: cli.py started on each host with its node rank (as SLURM does); pdsh: started once,
+    on host 0, which starts a supervisor on both hosts over ssh."""
+    env = {**cli_env, "GLOO_SOCKET_IFNAME": IFNAME}  # the hosts share a hostname that resolves to 127.0.0.1
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{a} slots=2\n" for a in hosts.addresses))
+    run_dir = tmp_path / "run"
+    args = ["algo=local_sgd", "algo.period=4", "ft.enabled=true", "train.max_steps=160",
+            "train.imbalance.delay_ms=120", "train.progress=false", "launch.omp_threads=1",
+            f"launch.hostfile={hostfile}", "launch.master_port=29631", f"hydra.run.dir={run_dir}"]
+    start = time.monotonic()
+    if way == "no_ssh":
+        nodes = [hosts.popen(k, [PY, "cli.py", *args, "launch.no_ssh=true", f"launch.node_rank={k}"], cwd=REPO,
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for k in (0, 1)]
+    else:
+        env.update(hosts.start_sshd())
+        nodes = [hosts.popen(0, [PY, "cli.py", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)]
+    deadline = time.monotonic() + TIMEOUT
+    while replica_step(run_dir, 3) < 20:
+        assert all(p.poll() is None for p in nodes), [p.communicate()[0 if way == "pdsh" else 1][-3000:] for p in nodes]
+        assert time.monotonic() < deadline, "replica 3 did not reach step 20"
+        time.sleep(0.1)
+    os.kill(int((run_dir / "logs/replica_3.pid").read_text()), signal.SIGKILL)
+    killed_at = max(replica_step(run_dir, i) for i in range(3))
+    outs = []
+    for k, node in enumerate(nodes):
+        out, err = node.communicate(timeout=TIMEOUT)
+        outs.append(out if way == "pdsh" else err)
+        assert node.returncode == 0, f"node {k}: {outs[-1][-3000:]}"
+    # node 1 restarted its own replica (pdsh prefixes each line with the host it came from)
+    restarted = [ln for ln in outs[-1].splitlines() if "replica 3 died (exit code -9); restarting it" in ln]
+    assert restarted and (way == "no_ssh" or restarted[0].startswith(f"{hosts.addresses[1]}: ")), outs[-1][-3000:]
+    launch = json.loads((run_dir / "logs/launch.json").read_text())
+    assert launch["mode"] == "ft_no_ssh" and launch["master_addr"] == hosts.addresses[0], launch
+    summary = json.loads((run_dir / "summary.json").read_text())
+    ft = summary["ft"]
+    assert ft["nodes"] == 2 and ft["replicas"] == 4, ft
+    assert ft["failures"] == 1 and ft["restarts"] == {"0": 0, "1": 0, "2": 0, "3": 1}, ft
+    assert ft["failure_log"][0]["replica"] == 3
+    survivor = ft["per_replica"]["0"]
+    # the survivors on both hosts went on: committed rounds with three participants after the kill
+    assert [r for r in survivor["participants"] if r[0] >= killed_at and r[1] == 3 and r[2]], survivor["participants"]
+    replacement = ft["per_replica"]["3"]
+    sent = {tuple(s) for i in ("0", "1", "2") for s in ft["per_replica"][i]["sent_state"]}
+    assert replacement["heals"] >= 1 and tuple(replacement["healed_state"][-1]) in sent, (replacement, sent)
+    assert all(r[1] == 4 and r[2] for r in survivor["participants"][-2:]), survivor["participants"]
+    assert summary["steps"] == 160 and summary["test_acc"] > 0.8, summary
+    print(f"two hosts: killed at {killed_at}, healed at {replacement['healed_state'][-1][0]}, "
+          f"{time.monotonic() - start:.1f} s")
+
+
+@pytest.mark.parametrize("extra,says", [
+    ({"network": "emulated"}, "launch.network's emulated nodes"),
+], ids=["emulated_network"])
+def test_what_fault_tolerant_mode_refuses_across_machines_is_one_line(extra: dict, says: str) -> None:
+    from core.errors import UserError
+    from engine.ft.config import FTConfig, check_ft
+    from engine.launch.config import LaunchConfig
+    from engine.launch.network import NetworkConfig, NetworkKind
+
+    launch = LaunchConfig(hostfile=extra.get("hostfile"),
+                          network=NetworkConfig(kind=NetworkKind(extra.get("network", "none")), nodes=2))
+    with pytest.raises(UserError) as refused:
+        check_ft(FTConfig(enabled=True), "local_sgd", "", launch)
+    assert says in str(refused.value) and "\n" not in str(refused.value)
+    for taken in (LaunchConfig(hostfile="h", no_ssh=True, node_rank=1), LaunchConfig(hostfile="h")):  # no_ssh, pdsh
+        check_ft(FTConfig(enabled=True), "local_sgd", "", taken)
+
+
+def _layout(node: int) -> Any:
+    from engine.ft.nodes import NodeLayout
+
+    return NodeLayout(node, 3, 6, [2 * node, 2 * node + 1], f"10.0.0.{node + 1}", "10.0.0.1", 29500)
+
+
+def test_nodes_see_each_others_replicas_an_ended_job_and_a_lost_node(tmp_path: Path) -> None:
+    """engine/ft/nodes.py without processes: node 0's view of nodes 1 and 2 through their records."""
+    from core.rundir import RunDir
+    from engine.ft.nodes import NodeRecord, NodeWatch, write_node_record
+
+    run_dir = RunDir(tmp_path)
+    run_dir.logs.mkdir(parents=True)
+    watch = NodeWatch(run_dir, _layout(0), stale_s=0.3, first_s=0.3)
+    write_node_record(run_dir, NodeRecord(1, {"2": {"done": True, "exits": [0], "restarts": 0},
+                                              "3": {"done": False, "exits": [-9], "restarts": 1}},
+                                          failures=[{"replica": 3, "exit": -9}]))
+    watch.poll()
+    assert watch.remote_replicas() == {2: {"done": True, "exits": [0], "restarts": 0},
+                                       3: {"done": False, "exits": [-9], "restarts": 1}}
+    assert not watch.all_done() and watch.ended() is None and not watch.lost(1) and not watch.lost(2)
+    time.sleep(0.4)  # node 2 never wrote a record (its machine never came up); node 1 went silent mid-run
+    watch.poll()
+    assert watch.lost(2) and watch.lost(1)
+    assert watch.remote_replicas()[3]["done"]  # a lost node's replicas count as done, so the job can end
+    assert watch.all_done()
+    write_node_record(run_dir, NodeRecord(1, {"2": {"done": True, "exits": [0], "restarts": 0},
+                                              "3": {"done": True, "exits": [-9, 0], "restarts": 1}},
+                                          ended="lighthouse died", code=1))
+    watch.poll()
+    assert not watch.lost(1) and watch.ended().ended == "lighthouse died" and watch.ended().code == 1
+
+
+def test_node_0_alone_gives_the_go_once_every_node_s_replicas_are_ready(tmp_path: Path) -> None:
+    from core.rundir import RunDir
+    from engine.ft.config import FTConfig
+    from engine.ft.supervisor import Supervisor
+    from engine.launch.config import LaunchConfig
+
+    run_dir = RunDir(tmp_path)
+    run_dir.logs.mkdir(parents=True)
+    sup = Supervisor(FTConfig(enabled=True), LaunchConfig(), run_dir, _layout(0), [])
+    for i in range(5):
+        (run_dir.logs / f"replica_{i}.ready").write_text("ready\n")
+    assert not sup._ready_to_go()  # replica 5 (node 2) is not ready
+    (run_dir.logs / "replica_5.ready").write_text("ready\n")
+    assert sup._ready_to_go()
