@@ -170,3 +170,35 @@ def test_node_0_alone_gives_the_go_once_every_node_s_replicas_are_ready(tmp_path
     assert not sup._ready_to_go()  # replica 5 (node 2) is not ready
     (run_dir.logs / "replica_5.ready").write_text("ready\n")
     assert sup._ready_to_go()
+
+
+def test_a_node_never_joins_on_the_last_attempts_records(tmp_path: Path) -> None:
+    """The race a resume across two hosts hit: node 1 started before node 0 had cleared the last
+    attempt's files, read that attempt's launch record and its 'lighthouse died', and ended at
+    once while node 0 waited for it. Now node 1 proceeds only on a launch record naming its own
+    fresh join token, which node 0 writes after clearing the old files."""
+    import threading
+
+    from core.rundir import RunDir
+    from engine.ft.nodes import NodeRecord, clear_job_files, meet, write_node_record
+
+    run_dir = RunDir(tmp_path)
+    run_dir.logs.mkdir(parents=True)
+    layout0, layout1 = _layout(0), _layout(1)
+    layout0.nodes = layout1.nodes = 2
+    record = {"mode": "ft_no_ssh", "nodes": 2}
+    # the last attempt's leftovers: its launch record (node 1's old token) and node 0's 'ended'
+    run_dir.launch_record.write_text(json.dumps({**record, "tokens": {"1": "old"}}))
+    write_node_record(run_dir, NodeRecord(0, ended="lighthouse died", code=1))
+    joined = threading.Event()
+    node1 = threading.Thread(target=lambda: (meet(run_dir, layout1, record, wait_s=20), joined.set()))
+    node1.start()
+    time.sleep(0.6)
+    assert not joined.is_set()  # the old record does not carry this attempt's token
+    clear_job_files(run_dir, 2)  # node 0 starts: old records gone, then it meets
+    assert not (run_dir.logs / "ft_node_0.json").exists()
+    meet(run_dir, layout0, record, wait_s=20)
+    node1.join(timeout=20)
+    assert joined.is_set()
+    seen = json.loads(run_dir.launch_record.read_text())
+    assert seen["tokens"]["1"] == json.loads((run_dir.logs / "ft_join_1.json").read_text())["token"] != "old"

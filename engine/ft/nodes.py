@@ -4,7 +4,7 @@ With `launch.hostfile` and `launch.no_ssh=true` (slurm/syncopt.sbatch starts it 
 command runs on every node; each node's cli.py supervises only the replicas of its own hostfile
 line (replica indices as DeepSpeed numbers the ranks, node by node). What one supervisor must know
 of the others travels through the run directory, which a no-ssh job already requires to be shared
-(node 0's launch record proves it before anything starts):
+(node 0's launch record, which names every node's join token, proves it before anything starts):
 
 - `logs/ft_node_<k>.json`, rewritten by node k every poll: its replicas (done, exit codes,
   restarts), its failures, the replicas it stopped as outrun, and `ended` when it ended the job
@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from core.errors import UserError
 from core.rundir import RunDir
 from engine.launch.config import node_plan_of
 
@@ -123,13 +125,67 @@ def read_job_end(run_dir: RunDir) -> Optional[dict[str, Any]]:
         return None
 
 
+def join_path(run_dir: RunDir, node: int) -> Path:
+    return run_dir.logs / f"ft_join_{node}.json"
+
+
+def meet(run_dir: RunDir, layout: NodeLayout, record: dict[str, Any], wait_s: float) -> None:
+    """Several nodes: start this attempt together, none of them reading the last attempt's files.
+
+    Node k > 0 writes a fresh token to logs/ft_join_<k>.json (again whenever it is gone: node 0
+    clears the last attempt's files when it starts) and proceeds only when node 0's launch record
+    carries that token. Node 0, which has already cleared the old files and started the lighthouse,
+    writes its launch record once every node has joined. A record of an earlier attempt can
+    therefore never be taken for this one's (seen: a node that started before node 0 read the
+    earlier attempt's 'lighthouse died' and ended at once)."""
+    deadline = time.monotonic() + wait_s
+    if layout.node == 0:
+        while True:
+            tokens = {}
+            for node in range(1, layout.nodes):
+                try:
+                    tokens[str(node)] = json.loads(join_path(run_dir, node).read_text())["token"]
+                except (OSError, ValueError, KeyError):
+                    pass
+            if len(tokens) == layout.nodes - 1:
+                _write_atomic(run_dir.launch_record, {**record, "tokens": tokens, "time": time.time()})
+                return
+            if time.monotonic() > deadline:
+                missing = sorted(set(range(1, layout.nodes)) - {int(k) for k in tokens})
+                raise UserError(f"fault-tolerant mode: node(s) {missing} did not start within launch.node_wait_s="
+                                f"{wait_s:.0f} s; start the same command on every node (launch.node_rank=N), "
+                                "with the run directory on storage they share")
+            time.sleep(0.2)
+    token = secrets.token_hex(8)
+    while True:
+        path = join_path(run_dir, layout.node)
+        try:
+            mine = json.loads(path.read_text()).get("token")
+        except (OSError, ValueError):
+            mine = None
+        if mine != token:
+            _write_atomic(path, {"token": token, "node": layout.node})
+        try:
+            seen = json.loads(run_dir.launch_record.read_text())
+            if seen.get("mode") == record["mode"] and seen.get("tokens", {}).get(str(layout.node)) == token:
+                return
+        except (OSError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            raise UserError(f"fault-tolerant mode: node 0 did not take this node ({layout.node}) into the job within "
+                            f"launch.node_wait_s={wait_s:.0f} s: start node 0 with the same hostfile and "
+                            "launch.master_port, and keep the run directory on storage every node shares")
+        time.sleep(0.2)
+
+
 def clear_job_files(run_dir: RunDir, nodes: int) -> None:
     """Node 0, before a job (or its resume) starts: the last attempt's go, ready flags, node
     records, job end and stop marker must not be read as this attempt's."""
     logs = run_dir.logs
     stale = [logs / "ft_go", job_end_path(run_dir), run_dir.stopped, run_dir.root / "ft_ended.json",
              *logs.glob("replica_*.ready")]
-    stale += [node_record_path(run_dir, k) for k in range(nodes)]
+    stale += [node_record_path(run_dir, k) for k in range(nodes)] + [join_path(run_dir, k) for k in range(nodes)]
+    stale += [run_dir.launch_record]
     for path in stale:
         path.unlink(missing_ok=True)
 

@@ -32,9 +32,9 @@ from core.errors import USER_ERROR_EXIT
 from core.rundir import SUPERVISED_ENV, RunDir
 from engine.ft.config import LIGHTHOUSE_ENV, REPLICA_ENV, FTConfig, quorum_size
 from engine.ft.lighthouse import Lighthouse
-from engine.ft.nodes import (NodeLayout, NodeRecord, NodeWatch, clear_job_files, layout_of, read_job_end,
+from engine.ft.nodes import (NodeLayout, NodeRecord, NodeWatch, clear_job_files, layout_of, meet, read_job_end,
                              read_node_record, write_job_end, write_node_record)
-from engine.launch.launcher import REPO, _script_args, _wait_for_node0, _write_record, free_port, omp_threads
+from engine.launch.launcher import REPO, _script_args, free_port, omp_threads
 from engine.launch.config import LaunchConfig
 from engine.launch.rank_watch import RankWatch
 from engine.train.faults import FaultLog
@@ -134,15 +134,12 @@ class Supervisor:
         return f"http://{self.layout.lighthouse_host}:{self.layout.lighthouse_port}"
 
     def _meet(self) -> None:
-        """Several nodes: node 0 clears the last attempt's files, starts the lighthouse and then
-        writes its launch record; the others wait to see that record (the run directory is shared,
-        and the lighthouse is up)."""
+        """Several nodes: node 0 (old files cleared, lighthouse up) writes its launch record once
+        every node has joined this attempt (engine.ft.nodes.meet)."""
         record = {"mode": "ft_no_ssh", "nodes": self.layout.nodes, "replicas": self.count,
-                  "master_addr": self.layout.lighthouse_host, "master_port": self.layout.lighthouse_port}
-        if self.layout.node == 0:
-            _write_record(self.run_dir, {**record, "node": os.uname().nodename, "time": time.time()})
-        else:
-            _wait_for_node0(self.run_dir, record, self.launch.node_wait_s)
+                  "master_addr": self.layout.lighthouse_host, "master_port": self.layout.lighthouse_port,
+                  "node": os.uname().nodename}
+        meet(self.run_dir, self.layout, record, self.launch.node_wait_s)
 
     def run(self) -> int:
         logs = self.run_dir.logs
@@ -154,6 +151,7 @@ class Supervisor:
         try:
             if self.layout.multi:
                 self._meet()
+                self.nodes.started = time.monotonic()  # every node has joined: their records come next
             for rep in self.replicas:
                 self._start(rep, address)
             code = self._watch(address)
@@ -196,10 +194,10 @@ class Supervisor:
     def _end_early(self, code: int, ended: str, line: str) -> int:
         """End this node's replicas and the job: one line, the record that tells the other nodes,
         and (node 0) what the job left (ft_ended.json)."""
+        self._record(ended, code)  # first: the other nodes end theirs meanwhile
         self._end_all()
         if line:
             print(line, file=sys.stderr, flush=True)
-        self._record(ended, code)
         if self.layout.node == 0:
             self._write_summary(ended=ended)
         return code
@@ -212,7 +210,8 @@ class Supervisor:
                 self.nodes.poll()
                 other = self.nodes.ended()
                 if other is not None:
-                    return self._end_early(other.code, other.ended or "", "")
+                    return self._end_early(other.code, other.ended or "", (
+                        f"syncopt: node {other.node} ended the job ({other.ended}); this node's replicas were stopped"))
                 if self.layout.node != 0 and self.nodes.lost(0):
                     return self._end_early(1, "node 0 lost", f"syncopt: node 0 (the lighthouse's, {address}) has been "
                                            "silent: no round can form; this node's replicas were stopped; run the same "
@@ -236,9 +235,9 @@ class Supervisor:
                     rep.done = True
                     continue
                 if code == USER_ERROR_EXIT:
+                    self._record("user error", USER_ERROR_EXIT)
                     self._end_all()
                     self._report_user_error(rep)
-                    self._record("user error", USER_ERROR_EXIT)
                     return USER_ERROR_EXIT
                 self.failures.append({"replica": rep.index, "exit": code, "time": time.time()})
                 if rep.restarts < self.ft.max_restarts:
