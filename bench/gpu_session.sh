@@ -9,6 +9,13 @@
 #   bench/gpu_session.sh wait           until the suite ends (at most 540 s); its summary
 #   bench/gpu_session.sh measure        bench/throughput.py on CIFAR/ResNet-18, bench/gpu_checks.py wall, compile
 #   bench/gpu_session.sh dali           join and install DALI; its tests; bench/throughput.py DALI/ResNet-50 at 224
+#   bench/gpu_session.sh gpu            the GPU tests (pytest -m gpu tests/test_gpu.py), failures named in $OUT/gpu_tests.log
+#   bench/gpu_session.sh shard K N      shard K of N of the test files (by size, round robin) on 12 xdist workers,
+#                                       each test limited to 300 s; names of failures and errors in $OUT/shard_K.log
+#
+# The last session's lessons: the machine goes back after 30 s idle (a background suite is lost with it),
+# and the whole suite serially takes over 20 minutes there. So: `start` only installs when the suite is
+# run in shards (one call each, under the 600 s limit), the GPU tests and measurements come first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}
@@ -58,5 +65,13 @@ case "${1:-}" in
     python3 -m pytest -p no:cacheprovider -q -rfEs -k "dali" tests 2>&1 | tee "$OUT/dali_tests.log" | tail -15
     python3 bench/throughput.py --data imagenet --pipelines dali --model resnet50 --batch 256 --train-images 12800 \
       --workers 14 --warmup 10 --steps 30 --log-every 5 2>&1 | tee "$OUT/throughput_dali.log" | tail -6 ;;
-  *) sed -n 2,12p "$0"; exit 2 ;;
+  gpu)
+    python3 -m pytest -p no:cacheprovider -q -rfEs -m gpu --timeout 400 tests/test_gpu.py 2>&1 \
+      | tee "$OUT/gpu_tests.log" | tail -20 ;;
+  shard)
+    k=${2:?shard index}; n=${3:?shard count}
+    mapfile -t files < <(ls -S tests/test_*.py | awk -v k="$k" -v n="$n" '(NR - 1) % n == k')
+    python3 -m pytest -p no:cacheprovider -q -rfE -n 12 --timeout 300 "${files[@]}" 2>&1 \
+      | tee "$OUT/shard_$k.log" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -40 ;;
+  *) sed -n 2,20p "$0"; exit 2 ;;
 esac
