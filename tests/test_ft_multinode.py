@@ -51,41 +51,26 @@ def replica_step(run_dir: Path, index: int) -> int:
         return -1
 
 
-@pytest.mark.parametrize("way", ["no_ssh", "pdsh"])
-def test_two_hosts_a_killed_replica_heals_across_hosts_and_both_nodes_succeed(way: str, hosts: EmulatedHosts,
-                                                                             cli_env: dict, tmp_path: Path) -> None:
-    """no_ssh: cli.py started on each host with its node rank (as SLURM does); pdsh: started once,
-    on host 0, which starts a supervisor on both hosts over ssh."""
-    env = {**cli_env, "GLOO_SOCKET_IFNAME": IFNAME}  # the hosts share a hostname that resolves to 127.0.0.1
-    hostfile = tmp_path / "hostfile"
-    hostfile.write_text("".join(f"{a} slots=2\n" for a in hosts.addresses))
-    run_dir = tmp_path / "run"
-    args = ["algo=local_sgd", "algo.period=4", "ft.enabled=true", "train.max_steps=160",
-            "train.imbalance.delay_ms=120", "train.progress=false", "launch.omp_threads=1",
-            f"launch.hostfile={hostfile}", "launch.master_port=29631", f"hydra.run.dir={run_dir}"]
+def test_two_hosts_a_killed_replica_heals_across_hosts_and_both_nodes_succeed(hosts: EmulatedHosts, cli_env: dict,
+                                                                             tmp_path: Path) -> None:
+    """cli.py started on each host with launch.no_ssh=true and its node rank, as SLURM starts it."""
+    env, args, run_dir = job(hosts, cli_env, tmp_path, ["train.max_steps=160", "train.imbalance.delay_ms=120"])
     start = time.monotonic()
-    if way == "no_ssh":
-        nodes = [hosts.popen(k, [PY, "cli.py", *args, "launch.no_ssh=true", f"launch.node_rank={k}"], cwd=REPO,
-                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for k in (0, 1)]
-    else:
-        env.update(hosts.start_sshd())
-        nodes = [hosts.popen(0, [PY, "cli.py", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)]
+    nodes = [hosts.popen(k, [PY, "cli.py", *args, "launch.no_ssh=true", f"launch.node_rank={k}"], cwd=REPO,
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for k in (0, 1)]
     deadline = time.monotonic() + TIMEOUT
     while replica_step(run_dir, 3) < 20:
-        assert all(p.poll() is None for p in nodes), [p.communicate()[0 if way == "pdsh" else 1][-3000:] for p in nodes]
+        assert all(p.poll() is None for p in nodes), [p.communicate()[1][-3000:] for p in nodes]
         assert time.monotonic() < deadline, "replica 3 did not reach step 20"
         time.sleep(0.1)
     os.kill(int((run_dir / "logs/replica_3.pid").read_text()), signal.SIGKILL)
     killed_at = max(replica_step(run_dir, i) for i in range(3))
-    outs = []
+    errs = []
     for k, node in enumerate(nodes):
-        out, err = node.communicate(timeout=TIMEOUT)
-        outs.append(out if way == "pdsh" else err)
-        assert node.returncode == 0, f"node {k}: {outs[-1][-3000:]}"
-    # node 1 restarted its own replica (pdsh prefixes each line with the host it came from)
-    restarted = [ln for ln in outs[-1].splitlines() if "replica 3 died (exit code -9); restarting it" in ln]
-    assert restarted and (way == "no_ssh" or restarted[0].startswith(f"{hosts.addresses[1]}: ")), outs[-1][-3000:]
+        _, err = node.communicate(timeout=TIMEOUT)
+        assert node.returncode == 0, f"node {k}: {err[-3000:]}"
+        errs.append(err)
+    assert "replica 3 died (exit code -9); restarting it" in errs[1], errs[1][-3000:]  # node 1 restarted its own
     launch = json.loads((run_dir / "logs/launch.json").read_text())
     assert launch["mode"] == "ft_no_ssh" and launch["master_addr"] == hosts.addresses[0], launch
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -103,6 +88,39 @@ def test_two_hosts_a_killed_replica_heals_across_hosts_and_both_nodes_succeed(wa
     assert summary["steps"] == 160 and summary["test_acc"] > 0.8, summary
     print(f"two hosts: killed at {killed_at}, healed at {replacement['healed_state'][-1][0]}, "
           f"{time.monotonic() - start:.1f} s")
+
+
+def test_two_hosts_over_pdsh_one_command_starts_a_supervisor_on_each(hosts: EmulatedHosts, cli_env: dict,
+                                                                      tmp_path: Path) -> None:
+    """cli.py started once, on host 0: it checks both hosts and starts the no-ssh command on each
+    through pdsh; node 0's command holds the run directory's lock. (The failures themselves are the
+    test above: the supervisors are the same.)"""
+    env, args, run_dir = job(hosts, cli_env, tmp_path, ["train.max_steps=40"])
+    env.update(hosts.start_sshd())
+    proc = hosts.popen(0, [PY, "cli.py", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    out, _ = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 0, out[-3000:]
+    # a supervisor ran on each host: both nodes' records, node 1's joined through node 0's launch record
+    records = [json.loads((run_dir / f"logs/ft_node_{k}.json").read_text()) for k in (0, 1)]
+    assert [sorted(r["replicas"]) for r in records] == [["0", "1"], ["2", "3"]], records
+    assert "1" in json.loads((run_dir / "logs/launch.json").read_text())["tokens"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 40 and summary["ft"]["nodes"] == 2 and summary["ft"]["failures"] == 0, summary["ft"]
+    assert all(r[1] == 4 and r[2] for r in summary["ft"]["per_replica"]["3"]["participants"]), summary["ft"]
+    holder = int((run_dir / "run.lock").read_text().split()[0])
+    assert holder != proc.pid  # node 0's command over ssh held it, not this launching process
+
+
+def job(hosts: EmulatedHosts, cli_env: dict, tmp_path: Path, extra: list[str]) -> tuple[dict, list[str], Path]:
+    """The environment, arguments and run directory of a 2-host x 2-replica local SGD job."""
+    env = {**cli_env, "GLOO_SOCKET_IFNAME": IFNAME}  # the hosts share a hostname that resolves to 127.0.0.1
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{a} slots=2\n" for a in hosts.addresses))
+    run_dir = tmp_path / "run"
+    return env, ["algo=local_sgd", "algo.period=4", "ft.enabled=true", *extra, "train.progress=false",
+                 "launch.omp_threads=1", f"launch.hostfile={hostfile}", "launch.master_port=29631",
+                 f"hydra.run.dir={run_dir}"], run_dir
 
 
 @pytest.mark.parametrize("extra,says", [
