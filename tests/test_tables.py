@@ -198,5 +198,8 @@ def test_head_to_head_quick_form_runs_end_to_end(cli_env: dict, tmp_path: Path) 
         assert "val_acc" in summary and not (out / label / "tune").exists(), label
     assert rows["dgc@dir0.1"]["baseline"] == "allreduce@dir0.1"
     assert (out / "pareto.png").is_file() and (out / "accuracy.png").is_file()
+    jobs = [json.loads(line) for line in (out / "jobs.jsonl").read_text().splitlines()]
+    assert len(jobs) == 6 and all(len(j["load_before"]) == 3 and j["status"] == "done" for j in jobs), jobs
     again = run_cli(args, cli_env, timeout=300)
     assert again.returncode == 0 and again.stdout.count("already complete") == 6
+    assert len((out / "jobs.jsonl").read_text().splitlines()) == 6  # nothing ran again, nothing logged

@@ -15,6 +15,8 @@ instead; running the same command again once they are done gathers the table.
 """
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import time
@@ -75,7 +77,15 @@ def submit_slurm(table: TableConfig, out: Path) -> None:
         subprocess.run(cmd, cwd=REPO, check=False)
 
 
-def _run_jobs(table: TableConfig, jobs: list[tuple[str, list[str], RunDir]], phase: str) -> dict[str, str]:
+def _log_job(out: Path, record: dict[str, object]) -> None:
+    """DIR/jobs.jsonl: one line per job run here, with the machine's load average before and after
+    it, so that a table's wall-clock columns can be read against what else the machine was doing."""
+    with open(out / "jobs.jsonl", "a") as fh:
+        fh.write(json.dumps(record) + "\n")
+
+
+def _run_jobs(table: TableConfig, jobs: list[tuple[str, list[str], RunDir]], phase: str,
+              out: Optional[Path] = None) -> dict[str, str]:
     """Run each (name, args, run directory) not already complete; returns status by name."""
     status: dict[str, str] = {}
     for i, (name, args, run_dir) in enumerate(jobs, 1):
@@ -86,8 +96,13 @@ def _run_jobs(table: TableConfig, jobs: list[tuple[str, list[str], RunDir]], pha
             continue
         verb = "resuming" if run_dir.checkpoints.exists() else "running"
         print(f"{tag}: {verb} ({run_dir.root})", flush=True)
+        load_before = os.getloadavg()
         state, seconds = run_row(args, run_dir, table.row_timeout_s)
         status[name] = state
+        if out is not None:
+            _log_job(out, {"phase": phase, "job": name, "status": state, "seconds": round(seconds, 1),
+                           "load_before": [round(v, 2) for v in load_before],
+                           "load_after": [round(v, 2) for v in os.getloadavg()], "ended": time.time()})
         print(f"{tag}: {state} in {seconds:.0f} s" + (f" (log: {run_dir.row_log})" if state != "done" else ""),
               flush=True)
     return status
@@ -145,11 +160,11 @@ def run_table(node: DictConfig, out: Path) -> int:
         submit_slurm(table, out)
         print(f"submitted; run the same command again when the jobs are done to gather the table in {out}")
         return 0
-    tune_status = _run_jobs(table, tuning_jobs(table, out), "tune")
+    tune_status = _run_jobs(table, tuning_jobs(table, out), "tune", out)
     tuned = chosen(table, out)
     finals = final_jobs(table, out, tuned)
     by_name = _run_jobs(table, [(f"{row.label} seed {seed}", args, row_dir(out, row, seed))
-                                for row, seed, args in finals], "rows")
+                                for row, seed, args in finals], "rows", out)
     status = {(row.label, seed): by_name[f"{row.label} seed {seed}"] for row, seed, _ in finals}
     for label, result in tuned.items():  # a row whose grid could not choose: failed
         if result.winner is None:
