@@ -16,6 +16,11 @@ centre with the same arithmetic, so the centre is identical everywhere without a
 (the same values, one collective per period instead of two). The centre starts as the common
 initial weights. beta = 0.43 is the LSGD authors' setting (their script's c2).
 
+Fault-tolerant mode (`ft.enabled`): the elastic step is a round (`dist_algos.ft_round`) over the
+replicas alive at it, N their number (alpha = beta / N); a replica that heals receives a peer's
+centre with its model. A round that fails applies nothing (weights and centre stay as they were;
+the average it gathered is discarded) and is recorded in `failed_rounds`.
+
 Evaluation (`eval_model`): `center` the centre variable (the reference tests it), `average` the
 workers' mean, both with BatchNorm statistics re-estimated on `bn_batches` training batches
 per rank and averaged; `local` rank 0's own weights on rank 0 only. Evaluation traffic is not
@@ -34,6 +39,7 @@ from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, RankLayout, 
 from dist_algos.comm import allreduce_bytes
 from dist_algos.consensus_eval import EvalCopy, consensus_eval_ranks, consensus_model, validate_eval_choice
 from dist_algos.flat import FlatBuffer, average_
+from dist_algos.ft_round import run_round
 from dist_algos.leader_select import pull_towards_
 from core.errors import UserError
 
@@ -67,6 +73,7 @@ class EASGD(DistAlgorithm):
                        "algo.eval_model=best": "algo.eval_model"}
 
     cfg: EASGDConfig
+    ft_refusal = ""  # a failed elastic round applies nothing
 
     @classmethod
     def validate(cls, cfg: EASGDConfig, world_size: int, local_size: int,
@@ -86,11 +93,15 @@ class EASGD(DistAlgorithm):
         self.params = FlatBuffer(p for p in model.parameters())
         self.center = [b.detach().clone() for b in self.params]
         self.elastic_steps = 0
+        self.failed_rounds: list[int] = []  # fault-tolerant mode: steps whose round was not committed
         self._eval_copy: Optional[EvalCopy] = None
 
     def step(self, ctx: StepContext) -> None:
         ctx.optimizer_step()
         if (ctx.step + 1) % self.cfg.sync_period:
+            return
+        if self.ft_rounds is not None:
+            self._elastic_round()
             return
         world = self.ctx.world_size
         with self.comm.timed(), torch.no_grad():
@@ -100,6 +111,28 @@ class EASGD(DistAlgorithm):
         nbytes = allreduce_bytes(self.params.nbytes, world)
         self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
         self.elastic_steps += 1
+
+    def _elastic_round(self) -> None:
+        """The elastic step over the replicas alive at this round (fault-tolerant mode): the mean
+        is gathered first and applied only once every participant has committed."""
+        rounds = self.ft_rounds
+        assert rounds is not None
+        mean: list[torch.Tensor] = []
+
+        def contribution() -> list[torch.Tensor]:  # read after a possible heal (the peer's weights)
+            mean[:] = [b.detach().clone() for b in self.params.buffers]
+            return mean
+
+        with self.comm.timed(), torch.no_grad():
+            committed = run_round(rounds, contribution, lambda _: None)
+            if committed:
+                elastic_update_(self.params.buffers, self.center, mean, self.cfg.moving_rate, rounds.participants)
+        nbytes = allreduce_bytes(self.params.nbytes, rounds.participants)
+        self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
+        if committed:
+            self.elastic_steps += 1
+        else:
+            self.failed_rounds.append(rounds.step)
 
     def eval_model(self, model: nn.Module) -> Optional[nn.Module]:
         mode, world = self.cfg.eval_model, self.ctx.world_size
@@ -129,4 +162,5 @@ class EASGD(DistAlgorithm):
         return {"elastic_steps": self.elastic_steps}
 
     def summary(self) -> dict[str, Any]:
-        return {"elastic_steps": self.elastic_steps}
+        return {"elastic_steps": self.elastic_steps,
+                **({"failed_rounds": list(self.failed_rounds)} if self.ft_rounds is not None else {})}
