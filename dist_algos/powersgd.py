@@ -16,6 +16,15 @@ So all ranks keep identical models and take the ordinary optimizer step on the d
 gradient (momentum and weight decay as configured). The error buffers, the Q's and the count of
 Q initialisations decide the future and are checkpointed. PyTorch's `powerSGD_hook` for DDP does
 the same per gradient bucket; tests/test_powersgd.py compares the two step for step.
+
+Fault-tolerant mode (`ft.enabled`): each step is one round over the live replicas
+(`dist_algos.ft_round`): quorum, the two means (P with the vectors, then Q) over its
+participants, commit vote. A failed round takes no optimizer step and puts back what the step
+changed (error buffers, Q's, warm-start flag, initialisation count), so the next round starts
+from the same state on every survivor. A replica that healed in the round holds a peer's model,
+Q's and error buffers: its gradient (computed on the model it had) is stale and the error
+buffers are the peer's, so it contributes a zero gradient with zero error and keeps zero error
+after the round.
 """
 from __future__ import annotations
 
@@ -89,6 +98,7 @@ class PowerSGD(DistAlgorithm):
     reference_exemption = ("its reference is PyTorch's own PowerSGD DDP hook, which needs torch DDP on gloo ranks, "
                            "not one process: tests/test_powersgd.py compares the two step for step")
     invalid_options = {"algo.rank=0": "algo.rank=0", "algo.min_compression_rate=0.5": "algo.min_compression_rate"}
+    ft_refusal = ""  # a failed round takes no step and restores the error buffers and Q's
     cfg: PowerSGDConfig
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: TrainInfo) -> None:
@@ -110,28 +120,64 @@ class PowerSGD(DistAlgorithm):
         self.q_inits = 0  # initialisations of the Q's so far (each draws from seed + that count)
         self.q_ready = False  # whether the Q's hold the last step's (warm start)
         self.gradient_bytes = sum(_nbytes(b) for b in [*self.vector_grads, *self.low_rank_buffers()])
+        self.failed_rounds: list[int] = []  # fault-tolerant mode: steps whose round was not committed
 
     def low_rank_buffers(self) -> list[torch.Tensor]:
         return [self.low_rank.flat] if self.low_rank else []
 
     # ---- training ---------------------------------------------------------------------------
     def step(self, ctx: StepContext) -> None:
+        if self.ft_rounds is not None:
+            if self._ft_round(ctx.step):
+                ctx.optimizer_step()
+            return
         if ctx.step < self.cfg.start_iter or self.low_rank is None:
             self._allreduce_gradients()
         else:
             self._compressed_allreduce(self.low_rank)
         ctx.optimizer_step()
 
-    def _allreduce_gradients(self) -> None:
-        world = self.ctx.world_size
-        if world > 1:
-            with self.comm.timed():
-                average_([*self.vector_grads, *self.low_rank_buffers()], None, world)
+    def _mean(self, tensors: list[torch.Tensor], world: int) -> None:
+        """Mean over the ranks, or over this round's participants in fault-tolerant mode."""
+        if self.ft_rounds is not None:
+            self.ft_rounds.average_(tensors)
+        elif world > 1:
+            average_(tensors, None, world)
+
+    def _ft_round(self, step: int) -> bool:
+        """One fault-tolerant step (see the module doc); whether it was committed."""
+        rounds = self.ft_rounds
+        assert rounds is not None
+        rounds.begin()
+        step = rounds.step  # a heal replaced the trainer's step with the peer's
+        if rounds.healed:
+            for buf in [*self.vector_grads, *self.low_rank_buffers()]:
+                buf.zero_()
+            for _, error in self.error_pairs:
+                error.zero_()
+        saved = self.state_dict()
+        if step < self.cfg.start_iter or self.low_rank is None:
+            self._allreduce_gradients(rounds.participants)
+        else:
+            self._compressed_allreduce(self.low_rank, rounds.participants)
+        committed = rounds.commit()
+        if not committed:
+            self.load_state_dict(saved)
+            self.failed_rounds.append(step)
+        elif rounds.healed:
+            for _, error in self.error_pairs:
+                error.zero_()
+        return committed
+
+    def _allreduce_gradients(self, world: int = 0) -> None:
+        world = world or self.ctx.world_size
+        with self.comm.timed():
+            self._mean([*self.vector_grads, *self.low_rank_buffers()], world)
         sent = allreduce_bytes(self.gradient_bytes, world)
         self.comm.add(sent=sent, recv=sent, syncs=1)
 
-    def _compressed_allreduce(self, low: LowRankMatrices) -> None:
-        world = self.ctx.world_size
+    def _compressed_allreduce(self, low: LowRankMatrices, world: int = 0) -> None:
+        world = world or self.ctx.world_size
         for grad, error in self.error_pairs:
             grad.add_(error)
             error.copy_(grad)  # this rank's corrected gradient; minus what the ranks apply, below
@@ -142,7 +188,9 @@ class PowerSGD(DistAlgorithm):
         for m, p, q in zip(low.ms, low.ps, low.qs):
             torch.bmm(m, q, out=p)
         with self.comm.timed():
-            if world > 1:
+            if self.ft_rounds is not None:  # the mean, not the sum: P is orthogonalised next, its scale is lost
+                self.ft_rounds.average_([low.p_buffer, *self.vector_grads])
+            elif world > 1:
                 pending = dist.all_reduce(low.p_buffer, async_op=True)
                 average_(list(self.vector_grads), None, world)
                 pending.wait()
@@ -151,7 +199,9 @@ class PowerSGD(DistAlgorithm):
         for m, p, q in zip(low.ms, low.ps, low.qs):
             torch.bmm(m.transpose(1, 2), p, out=q)
         with self.comm.timed():
-            if world > 1:
+            if self.ft_rounds is not None:
+                self.ft_rounds.average_([low.q_buffer])
+            elif world > 1:
                 dist.all_reduce(low.q_buffer)
                 low.q_buffer.div_(world)
         for m, p, q in zip(low.ms, low.ps, low.qs):
@@ -195,4 +245,5 @@ class PowerSGD(DistAlgorithm):
         return {"rank": self.cfg.rank, "start_iter": self.cfg.start_iter,
                 "compressed_matrices": len(low.ms) if low else 0,
                 "gradient_bytes": self.gradient_bytes, "bytes_per_compressed_step": compressed + vectors,
-                "compression_ratio": round(self.gradient_bytes / (compressed + vectors), 2) if low else 1.0}
+                "compression_ratio": round(self.gradient_bytes / (compressed + vectors), 2) if low else 1.0,
+                **({"failed_rounds": list(self.failed_rounds)} if self.ft_rounds is not None else {})}

@@ -36,7 +36,7 @@ def check_ft(ft: FTConfig, algo_name: str, ft_refusal: str, launch: Any, algo_cf
         return
     if ft_refusal:
         raise UserError(f"ft.enabled=true does not work with algo={algo_name}: {ft_refusal}; "
-                        "use algo=local_sgd, diloco, allreduce or easgd, or ft.enabled=false")
+                        "use algo=local_sgd, diloco, allreduce, easgd or powersgd, or ft.enabled=false")
     composed = [k for k in ("compress", "outer_compress") if getattr(algo_cfg, k, None)]
     composed += ["overlap_steps"] if getattr(algo_cfg, "overlap_steps", 0) else []
     if composed:
