@@ -40,3 +40,19 @@ def cli_env() -> dict[str, str]:
         env.pop(var, None)
     env["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks: these runs compare bit for bit with CPU references
     return env
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory):
+    """Two emulated hosts (network namespaces, tests/emulated_hosts.py) for a module's multi-node
+    tests; skipped where namespaces cannot be made; removed even when a test fails."""
+    from tests.emulated_hosts import EmulatedHosts, namespaces_usable
+
+    reason = namespaces_usable()
+    if reason:
+        pytest.skip(reason)
+    made = EmulatedHosts(tmp_path_factory.mktemp("hosts"))
+    try:
+        yield made
+    finally:
+        made.close()

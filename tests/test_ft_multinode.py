@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.emulated_hosts import IFNAME, EmulatedHosts, namespaces_usable
+from tests.emulated_hosts import IFNAME, EmulatedHosts
 
 pytest.importorskip("torchft")
 pytestmark = pytest.mark.multinode
@@ -30,18 +30,6 @@ pytestmark = pytest.mark.multinode
 REPO = Path(__file__).resolve().parent.parent
 PY = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
 TIMEOUT = 300
-
-
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory: pytest.TempPathFactory):
-    reason = namespaces_usable()
-    if reason:
-        pytest.skip(reason)
-    made = EmulatedHosts(tmp_path_factory.mktemp("hosts"))
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 def replica_step(run_dir: Path, index: int) -> int:

@@ -86,20 +86,49 @@ class ThreadRounds(RoundAverager):
         return self.trainer_step
 
 
-def replica_run(index: int, model: Any, opt: Any, hub: Hub, out: dict[int, Any]) -> None:
+def replica_plugin(algo: str, overrides: dict[str, Any], model: Any, opt: Any, steps: int, hub: Hub,
+                   index: int) -> tuple[Any, ThreadRounds]:
+    """The real plugin on a replica (a world of one), set up as the trainer sets it up, with its
+    rounds attached."""
     from core.distenv import DistContext
     from core.schema import typed_section
-    from dist_algos.base import StepContext, TrainInfo
-    from dist_algos.easgd import EASGD, EASGDConfig
+    from dist_algos import get_algorithm
+    from dist_algos.base import TrainInfo
     from tests.plugin_harness import hyper_of
 
-    ctx = DistContext(0, 1, 0, 1, 0, 1, torch.device("cpu"), "gloo", 60.0)  # a replica: a world of one
-    plugin = EASGD(typed_section(EASGDConfig, {"name": "easgd", "sync_period": TAU, "moving_rate": BETA}, "algo"), ctx)
-    plugin.setup(model, opt, TrainInfo(total_steps=STEPS, steps_per_epoch=STEPS, lr_at=lambda s: 0.05,
+    cls = get_algorithm(algo)
+    ctx = DistContext(0, 1, 0, 1, 0, 1, torch.device("cpu"), "gloo", 60.0)
+    plugin = cls(typed_section(cls.Config, {"name": algo, **overrides}, "algo"), ctx)
+    plugin.setup(model, opt, TrainInfo(total_steps=steps, steps_per_epoch=steps, lr_at=lambda s: 0.05,
                                        warmup_steps=0, train_batches=lambda n: iter(()), forward=lambda m, x: m(x),
                                        hyper=hyper_of(opt)))
     rounds = ThreadRounds(hub, index)
     plugin.attach_ft_rounds(rounds)
+    return plugin, rounds
+
+
+def run_replica_threads(algo: str, target: Any, hub: Hub) -> dict[int, Any]:
+    """`target(index, model, opt, hub, out)` for every replica in a thread; their results by index.
+    The models are built here (their initialisation draws from the global RNG) and the plugin is
+    looked up here (the registry fills on first use, which threads must not race)."""
+    from dist_algos import get_algorithm
+
+    get_algorithm(algo)
+    out: dict[int, Any] = {}
+    models, opts = make_workers(K, "sgd")
+    threads = [threading.Thread(target=target, args=(i, models[i], opts[i], hub, out)) for i in range(K)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(out) == list(range(K)), "a replica thread failed"
+    return out
+
+
+def replica_run(index: int, model: Any, opt: Any, hub: Hub, out: dict[int, Any]) -> None:
+    from dist_algos.base import StepContext
+
+    plugin, rounds = replica_plugin("easgd", {"sync_period": TAU, "moving_rate": BETA}, model, opt, STEPS, hub, index)
     trajectory = []
     for step in range(STEPS):
         rounds.trainer_step = step
@@ -143,14 +172,7 @@ def simulate(fails: set[int]) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
 
 
 def test_easgd_rounds_equal_the_one_process_simulation_with_a_failed_and_a_partial_round() -> None:
-    hub, out = Hub(FAILS, ABSENT), {}
-    models, opts = make_workers(K, "sgd")  # here: model initialisation draws from the global RNG
-    threads = [threading.Thread(target=replica_run, args=(i, models[i], opts[i], hub, out)) for i in range(K)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert sorted(out) == list(range(K)), "a replica thread failed"
+    out = run_replica_threads("easgd", replica_run, Hub(FAILS, ABSENT))
     reference = simulate(FAILS)
     for w in range(K):
         for step, ((params, center), (ref_params, ref_center)) in enumerate(zip(out[w][0], reference[w])):
@@ -170,19 +192,9 @@ PSGD_STEPS = 8
 def powersgd_replica(index: int, model: Any, opt: Any, hub: Hub, out: dict[int, Any]) -> None:
     """Replica `index`: the real PowerSGD plugin on `ThreadRounds`; per step its weights and its
     plugin state before and after the step."""
-    from core.distenv import DistContext
-    from core.schema import typed_section
-    from dist_algos.base import StepContext, TrainInfo
-    from dist_algos.powersgd import PowerSGD
-    from tests.plugin_harness import hyper_of
+    from dist_algos.base import StepContext
 
-    ctx = DistContext(0, 1, 0, 1, 0, 1, torch.device("cpu"), "gloo", 60.0)
-    plugin = PowerSGD(typed_section(PowerSGD.Config, {"name": "powersgd", **PSGD}, "algo"), ctx)
-    plugin.setup(model, opt, TrainInfo(total_steps=PSGD_STEPS, steps_per_epoch=PSGD_STEPS, lr_at=lambda s: 0.05,
-                                       warmup_steps=0, train_batches=lambda n: iter(()), forward=lambda m, x: m(x),
-                                       hyper=hyper_of(opt)))
-    rounds = ThreadRounds(hub, index)
-    plugin.attach_ft_rounds(rounds)
+    plugin, rounds = replica_plugin("powersgd", PSGD, model, opt, PSGD_STEPS, hub, index)
     steps = []
     for step in range(PSGD_STEPS):
         rounds.trainer_step = step
@@ -196,15 +208,7 @@ def powersgd_replica(index: int, model: Any, opt: Any, hub: Hub, out: dict[int, 
 
 
 def run_powersgd_replicas(fails: set[int]) -> dict[int, Any]:
-    hub, out = Hub(fails, {}), {}
-    models, opts = make_workers(K, "sgd")
-    threads = [threading.Thread(target=powersgd_replica, args=(i, models[i], opts[i], hub, out)) for i in range(K)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert sorted(out) == list(range(K)), "a replica thread failed"
-    return out
+    return run_replica_threads("powersgd", powersgd_replica, Hub(fails, {}))
 
 
 def test_powersgd_rounds_follow_the_plain_three_rank_run() -> None:

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.emulated_hosts import IFNAME, EmulatedHosts, namespaces_usable
+from tests.emulated_hosts import IFNAME, EmulatedHosts
 
 pytestmark = pytest.mark.multinode
 
@@ -41,18 +41,6 @@ JOB = ["model=small_cnn", "data=digits", "algo=allreduce", f"train.max_steps={ST
        "checkpoint.every_epochs=null", "train.eval_every_epochs=null", "train.imbalance.delay_ms=200",
        "launch.omp_threads=1"]
 TIMEOUT = 420
-
-
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory: pytest.TempPathFactory):
-    reason = namespaces_usable()
-    if reason:
-        pytest.skip(reason)
-    made = EmulatedHosts(tmp_path_factory.mktemp("hosts"))
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 @pytest.fixture(scope="module")
