@@ -116,6 +116,74 @@ def test_a_setting_with_a_missing_run_cannot_win(tmp_path: Path) -> None:
     assert tuned.winner == first and tuned.results[1][1:] == (None, 1)
 
 
+def test_a_grid_is_extended_beyond_a_winning_edge_and_the_reported_runs_follow(tmp_path: Path, capsys: Any) -> None:
+    """lr 0.03 wins at the low edge of [0.03, 0.1, 0.3]: tune_extend=2 adds 0.009 (one grid step
+    below), which wins again, then 0.0027, which loses: the choice is 0.009, interior now. A
+    reported run made before with lr 0.03 is set aside (kept) for the chosen setting. A tie at
+    an edge extends nothing; the limit holds."""
+    from engine.tables.config import RowConfig, row_dir
+    from engine.tables.runner import tuning_grid
+    from engine.tables.tuning import extend_grid, grid_settings, tune_dir
+
+    grid = {"optim.lr": [0.03, 0.1, 0.3]}
+    val = {0.0027: 0.80, 0.009: 0.93, 0.03: 0.92, 0.1: 0.90, 0.3: 0.50}
+    for setting in grid_settings(grid):
+        _write_run(tune_dir(tmp_path, "r", setting, 0), {"val_acc": val[setting[0][1]]})
+    extended, added = extend_grid(tmp_path, "r", grid, [0], "val_acc", 2)
+    assert extended == {"optim.lr": [0.009, 0.03, 0.1, 0.3]} and added == 1  # 0.009 has no run yet: stop there
+    _write_run(tune_dir(tmp_path, "r", (("optim.lr", 0.009),), 0), {"val_acc": val[0.009]})
+    assert extend_grid(tmp_path, "r", grid, [0], "val_acc", 2)[0] == {"optim.lr": [0.0027, 0.009, 0.03, 0.1, 0.3]}
+    _write_run(tune_dir(tmp_path, "r", (("optim.lr", 0.0027),), 0), {"val_acc": val[0.0027]})
+    assert extend_grid(tmp_path, "r", grid, [0], "val_acc", 2)[1] == 2  # 0.009 is interior: done
+    assert extend_grid(tmp_path, "r", grid, [0], "val_acc", 0) == (grid, 0)  # off by default
+    tie = {"optim.lr": [0.03, 0.1]}
+    for lr in (0.03, 0.1):
+        _write_run(tune_dir(tmp_path, "t", (("optim.lr", lr),), 0), {"val_acc": 0.9})
+    assert extend_grid(tmp_path, "t", tie, [0], "val_acc", 2) == (tie, 0)
+    # the table: the reported runs use 0.009; one made with 0.03 is moved aside, not overwritten
+    stale = row_dir(tmp_path, RowConfig(label="r"), 0)
+    _write_run(stale, {"test_acc": 0.5, "val_acc": 0.5})
+    (stale.root / ".hydra").mkdir()
+    (stale.root / ".hydra" / "overrides.yaml").write_text("- recipe=cpu/allreduce\n- optim.lr=0.03\n- seed=0\n")
+    for seed in (1, 2):  # the others were made with the chosen setting
+        done = row_dir(tmp_path, RowConfig(label="r"), seed)
+        _write_run(done, {"test_acc": 0.9, "val_acc": 0.9, "steps": 10})
+        (done.root / ".hydra").mkdir()
+        (done.root / ".hydra" / "overrides.yaml").write_text(f"- optim.lr=0.009\n- seed={seed}\n")
+    table = _table(tmp_path, [{"label": "r", "tune": grid}], tune_seeds=[0], tune_extend=2, baseline="r",
+                   columns=["test_acc"], ratios=[], dry_run=False)
+    from engine.tables.config import load_table
+    from engine.tables.runner import chosen, set_aside_if_stale
+
+    loaded = load_table(table)
+    assert tuning_grid(loaded, loaded.rows[0], tmp_path) == {"optim.lr": [0.0027, 0.009, 0.03, 0.1, 0.3]}
+    winner = chosen(loaded, tmp_path)["r"].winner
+    assert winner == (("optim.lr", 0.009),)
+    set_aside_if_stale(stale, winner)
+    assert not stale.root.exists() and (tmp_path / "r" / "seed_0.stale-1" / "summary.json").exists()
+    assert "made with optim.lr=0.03, not the chosen optim.lr=0.009" in capsys.readouterr().out
+    for seed in (1, 2):
+        set_aside_if_stale(row_dir(tmp_path, RowConfig(label="r"), seed), winner)
+        assert row_dir(tmp_path, RowConfig(label="r"), seed).summary.exists()
+
+
+def test_a_choice_still_at_the_edge_is_flagged_in_the_table(tmp_path: Path) -> None:
+    from engine.tables.render import _tuning_lines
+    from engine.tables.config import load_table
+    from engine.tables.tuning import choose, grid_settings, tune_dir
+
+    grid = {"optim.lr": [0.03, 0.1, 0.3]}
+    for setting, v in zip(grid_settings(grid), (0.95, 0.9, 0.5)):
+        _write_run(tune_dir(tmp_path, "edge", setting, 0), {"val_acc": v})
+    for setting, v in zip(grid_settings(grid), (0.8, 0.9, 0.5)):
+        _write_run(tune_dir(tmp_path, "inside", setting, 0), {"val_acc": v})
+    table = load_table(_table(tmp_path, [{"label": "edge", "tune": grid}, {"label": "inside", "tune": grid}],
+                              baseline="edge", tune_seeds=[0]))
+    tuned = {label: choose(tmp_path, label, grid, [0], "val_acc") for label in ("edge", "inside")}
+    text = "\n".join(_tuning_lines(table, tuned, []))
+    assert "these rows' tuning is not resolved): edge." in text, text
+
+
 def test_selection_on_a_test_metric_is_refused() -> None:
     from engine.tables.config import load_table
 

@@ -70,6 +70,10 @@ class TableConfig(Section):
     # tuning (engine/tables/tuning.py): a grid per row, run on tune_seeds, chosen on select_metric
     tune: dict[str, list[Any]] = field(default_factory=dict)
     tune_seeds: list[int] = field(default_factory=lambda: [0])
+    # a one-key numeric grid whose best setting is strictly at an edge is extended by one more point
+    # beyond it (the grid's own ratio), up to this many times per side: a baseline whose best
+    # learning rate lies outside the grid is not tuned (engine/tables/tuning.py, extend_grid)
+    tune_extend: int = option(0, ge=0)
     select_metric: str = "val_acc"  # summary.json key, higher is better; never a test_* metric
     compare_metric: str = "test_acc"  # the column whose difference from the baseline row is tested
     budget: dict[str, Any] = field(default_factory=dict)  # e.g. {train.budget_samples: 42240}: every row

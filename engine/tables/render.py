@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from engine.report.metrics import read_metrics
-from engine.tables.config import RowConfig, TableConfig, row_dir
+from engine.tables.config import RowConfig, TableConfig, row_dir, row_grid
 from engine.tables.stats import LEVEL, difference, half_width
-from engine.tables.tuning import Tuned, setting_name
+from engine.tables.tuning import Tuned, grid_settings, setting_name
 
 #: the default columns of table.csv, after the label (TableConfig.columns); ratios and paper columns follow
 METRICS = ["test_acc", "val_acc", "best_val_acc", "test_acc_at_best", "steps", "syncs", "comm_bytes", "wall_s", "samples_per_s"]
@@ -134,9 +134,33 @@ def _tuning_lines(table: TableConfig, tuned: dict[str, Tuned], failed: list[str]
         for setting, mean, runs in result.results:
             lines.append(f"| {label} | {setting_name(setting)} | {'-' if mean is None else f'{mean:.4f}'} | "
                          f"{runs}/{len(table.tune_seeds)} | {'**yes**' if setting == result.winner else ''} |")
+    rows = {r.label: r for r in table.rows}
+    extended = [label for label, result in tuned.items()
+                if label in rows and len(result.results) > len(grid_settings(row_grid(table, rows[label])))]
+    if extended:
+        lines += ["", f"Grids extended beyond a winning edge (table.tune_extend={table.tune_extend}): "
+                      f"{', '.join(extended)}."]
+    at_edge = [label for label, result in tuned.items() if _chosen_at_edge(result)]
+    if at_edge:
+        lines += ["", f"Chosen at an edge of the grid as run (the best setting may lie beyond it; these rows' "
+                      f"tuning is not resolved): {', '.join(at_edge)}."]
     if failed:
         lines += ["", f"Tuning runs that did not complete (no mean, cannot be chosen): {', '.join(failed)}."]
     return lines + [""]
+
+
+def _chosen_at_edge(result: Tuned) -> bool:
+    """A one-key grid whose winner is its smallest or largest value and strictly the best."""
+    if result.winner is None or len(result.winner) != 1 or len(result.results) < 2:
+        return False
+    scored = [(setting[0][1], mean) for setting, mean, _ in result.results if mean is not None]
+    if not all(isinstance(v, (int, float)) for v, _ in scored):
+        return False
+    scored.sort()
+    best = max(m for _, m in scored)
+    winner = result.winner[0][1]
+    strictly = sum(1 for _, m in scored if m == best) == 1
+    return strictly and winner in (scored[0][0], scored[-1][0])
 
 
 def render_markdown(table: TableConfig, records: list[dict[str, Any]], tuned: Optional[dict[str, Tuned]] = None,

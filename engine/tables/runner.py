@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from hydra import compose
 from omegaconf import DictConfig
@@ -32,7 +32,8 @@ from engine.config import load_run_config
 from engine.tables.config import RowConfig, TableConfig, TableLauncher, load_table, row_args, row_dir, row_grid
 from engine.tables.plots import draw_table_plots
 from engine.tables.render import gather, render_markdown, write_csv
-from engine.tables.tuning import Tuned, choose, grid_settings, setting_name, setting_overrides, tune_dir
+from engine.tables.tuning import (Setting, Tuned, choose, extend_grid, grid_settings, setting_name, setting_overrides,
+                                  stale_setting, tune_dir)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -108,11 +109,18 @@ def _run_jobs(table: TableConfig, jobs: list[tuple[str, list[str], RunDir]], pha
     return status
 
 
+def tuning_grid(table: TableConfig, row: RowConfig, out: Path) -> dict[str, list[Any]]:
+    """The row's grid as run: its own, extended beyond a winning edge (`table.tune_extend`)."""
+    return extend_grid(out, row.label, row_grid(table, row), table.tune_seeds, table.select_metric,
+                       table.tune_extend)[0]
+
+
 def tuning_jobs(table: TableConfig, out: Path) -> list[tuple[str, list[str], RunDir]]:
     """Every tuned row's grid on the tuning seeds."""
     jobs = []
     for row in table.rows:
-        for setting in grid_settings(row_grid(table, row)) if row_grid(table, row) else []:
+        grid = tuning_grid(table, row, out)
+        for setting in grid_settings(grid) if grid else []:
             for seed in table.tune_seeds:
                 run_dir = tune_dir(out, row.label, setting, seed)
                 jobs.append((f"{row.label} {setting_name(setting)} seed {seed}",
@@ -122,7 +130,7 @@ def tuning_jobs(table: TableConfig, out: Path) -> list[tuple[str, list[str], Run
 
 def chosen(table: TableConfig, out: Path) -> dict[str, Tuned]:
     """Each tuned row's grid results and winner, from the tuning runs written so far."""
-    return {row.label: choose(out, row.label, row_grid(table, row), table.tune_seeds, table.select_metric)
+    return {row.label: choose(out, row.label, tuning_grid(table, row, out), table.tune_seeds, table.select_metric)
             for row in table.rows if row_grid(table, row)}
 
 
@@ -137,6 +145,20 @@ def final_jobs(table: TableConfig, out: Path, tuned: dict[str, Tuned]) -> list[t
             setting = setting_overrides(tuned[row.label].winner)
         jobs += [(row, seed, row_args(table, row, seed, row_dir(out, row, seed), setting)) for seed in table.seeds]
     return jobs
+
+
+def set_aside_if_stale(run_dir: RunDir, setting: Setting) -> None:
+    """Move a reported run made with another setting to `<dir>.stale-<k>` (kept, not overwritten),
+    so that the chosen setting runs there; one line saying so."""
+    why = stale_setting(run_dir, setting)
+    if why is None:
+        return
+    k = 1
+    while run_dir.root.with_name(f"{run_dir.root.name}.stale-{k}").exists():
+        k += 1
+    target = run_dir.root.with_name(f"{run_dir.root.name}.stale-{k}")
+    run_dir.root.rename(target)
+    print(f"{run_dir.root}: made with {why}; moved to {target.name} and run again", flush=True)
 
 
 def run_table(node: DictConfig, out: Path) -> int:
@@ -160,9 +182,17 @@ def run_table(node: DictConfig, out: Path) -> int:
         submit_slurm(table, out)
         print(f"submitted; run the same command again when the jobs are done to gather the table in {out}")
         return 0
-    tune_status = _run_jobs(table, tuning_jobs(table, out), "tune", out)
+    tune_status: dict[str, str] = {}
+    while True:  # a grid extended beyond a winning edge adds jobs; run until none is new
+        new = [job for job in tuning_jobs(table, out) if job[0] not in tune_status]
+        if not new:
+            break
+        tune_status.update(_run_jobs(table, new, "tune", out))
     tuned = chosen(table, out)
     finals = final_jobs(table, out, tuned)
+    for row, seed, _ in finals:  # a reported run made with another setting (the choice changed) is set aside
+        if row.label in tuned and tuned[row.label].winner is not None:
+            set_aside_if_stale(row_dir(out, row, seed), tuned[row.label].winner)
     by_name = _run_jobs(table, [(f"{row.label} seed {seed}", args, row_dir(out, row, seed))
                                 for row, seed, args in finals], "rows", out)
     status = {(row.label, seed): by_name[f"{row.label} seed {seed}"] for row, seed, _ in finals}
