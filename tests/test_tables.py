@@ -39,7 +39,8 @@ def test_table_runs_rows_and_csv_matches_summaries(cli_env: dict, tmp_path: Path
     rows = read_csv(out / "table.csv")
     assert list(rows) == ["a", "b", "c"]
     for label, row in rows.items():
-        summary = json.loads((out / label / "seed_0" / "summary.json").read_text())
+        (seed_dir,) = (out / label).glob("seed_*")  # the quick form reports the first of table.seeds only
+        summary = json.loads((seed_dir / "summary.json").read_text())
         assert float(row["test_acc"]) == pytest.approx(summary["test_acc"])
         assert float(row["steps"]) == summary["steps"] == 6
         assert float(row["comm_bytes"]) == summary["comm_bytes"]
@@ -150,7 +151,7 @@ def test_comm_table_has_a_row_for_every_registered_algorithm(name: str) -> None:
     import cli  # registers the table schema
     from dist_algos import list_algorithms
     from engine.config import load_run_config
-    from engine.tables.config import load_table
+    from engine.tables.config import load_table, row_grid
     from tests.harness import CONF
 
     assert cli.register_schemas
@@ -170,6 +171,12 @@ def test_comm_table_has_a_row_for_every_registered_algorithm(name: str) -> None:
                                                                          want["epochs"]), fix
             assert rc.launch.nproc == (1 if rc.algo.name == "msgd" else want["nproc"]), fix
             assert rc.train.batch_size * rc.launch.nproc == want["global_batch"], fix  # 4 x 32, or msgd's 1 x 128
+            # a tuned row's grid is around its recipe's own learning rate (AdamW at 3e-3 tuned over
+            # 0.03-0.3 was compared at the wrong scale: head_to_head_cpu's first tuning runs)
+            lrs = row_grid(table, row).get("optim.lr")
+            assert lrs is None or min(lrs) <= rc.optim.lr <= max(lrs), (
+                f"{row.label}: its grid {lrs} does not contain its recipe's optim.lr={rc.optim.lr}; give the row "
+                "its own tune: {optim.lr: [...]} around it")
     assert algos == set(list_algorithms())
 
 
@@ -191,7 +198,8 @@ def test_head_to_head_quick_form_runs_end_to_end(cli_env: dict, tmp_path: Path) 
     rows = read_csv(out / "table.csv")
     assert sorted(rows) == sorted(f"{a}@{v}" for a in ("allreduce", "local_sgd", "dgc") for v in ("iid", "dir0.1"))
     for label in rows:
-        summary = json.loads((out / label / "seed_0" / "summary.json").read_text())
+        (seed_dir,) = (out / label).glob("seed_*")  # the quick form reports the first of table.seeds only
+        summary = json.loads((seed_dir / "summary.json").read_text())
         assert summary["stop_reason"] == "budget_samples" and summary["budget"]["samples"] == 6000, label
         per_step = summary["spent"]["samples"] / summary["steps"]
         assert 6000 <= summary["spent"]["samples"] < 6000 + per_step, label  # the first step past the budget
