@@ -315,3 +315,30 @@ def test_a_replacement_outrun_by_the_finished_survivors_is_stopped_not_left_wait
     # lost work in restart-all's terms: no step lost, replica 1 absent from its kill to the end
     assert summary["faults_injected"] == 1 and summary["steps_lost"] == 0 and summary["replica_steps_lost"] == 5
     assert 0 < summary["recover_s"] < summary["job_wall_s"], summary
+
+
+def test_the_quorum_wait_covers_the_period_before_each_round_unless_one_is_given(monkeypatch: Any) -> None:
+    """QSR's periods grow as its learning rate decays (H = (beta / lr)^2), so no fixed quorum wait
+    covers every schedule: with ft.quorum_timeout_s null each round's wait is derived from the
+    period that led to it; a value given is kept, with one warning when a period outlasts it."""
+    from types import SimpleNamespace
+
+    from engine.ft import rounds as ft_rounds
+    default, cover = ft_rounds.DEFAULT_QUORUM_TIMEOUT_S, ft_rounds.PERIOD_COVER
+    assert ft_rounds.round_quorum_timeout(None, 5.0) == (default, "")
+    two_hours = 2 * 3600.0
+    assert ft_rounds.round_quorum_timeout(None, two_hours) == (cover * two_hours, "")
+    assert ft_rounds.round_quorum_timeout(600.0, 10.0) == (600.0, "")
+    waited, warning = ft_rounds.round_quorum_timeout(600.0, 900.0)
+    assert waited == 600.0 and "ft.quorum_timeout_s=600" in warning and "900 s" in warning
+
+    # ManagerRounds.begin hands torchft each round's wait, from the period it measured itself
+    clock = iter([100.0, 130.0, 130.0 + two_hours])
+    monkeypatch.setattr(ft_rounds.time, "perf_counter", lambda: next(clock))
+    asked: list[float] = []
+    replica = ft_rounds.ManagerRounds.__new__(ft_rounds.ManagerRounds)
+    replica.manager = SimpleNamespace(start_quorum=lambda timeout: asked.append(timeout.total_seconds()))
+    replica._round_start, replica._configured_quorum_s, replica._warned_quorum = 0.0, None, False
+    for _ in range(3):
+        replica.begin()
+    assert asked == [default, default, cover * two_hours]

@@ -18,8 +18,10 @@ class FTConfig(Section):
     # replacement alone (or any minority) can never form a quorum of its own beside the survivors'
     min_replicas: Optional[int] = option(None, ge=1)
     max_restarts: int = option(3, ge=0)  # restarts of each replica by the supervisor before it gives up
-    # None: one hour (engine/ft/rounds.py), longer than any period between rounds that local SGD, QSR or
-    # DiLoCo reach; a dead peer leaves by the heartbeat timeout, so this bounds only a quorum that cannot form
+    # None: derived per round (engine/ft/rounds.py round_quorum_timeout): an hour, or 4x the wall-clock of
+    # the period before the round if longer, so QSR's growing periods are always covered; a dead peer leaves
+    # by the heartbeat timeout, so this bounds only a quorum that cannot form. A value is used as given
+    # (a warning when a period outlasts it)
     quorum_timeout_s: Optional[float] = option(None, gt=0)
     join_timeout_s: float = option(1.0, gt=0)  # how long the lighthouse waits for stragglers before a quorum
     heartbeat_timeout_s: float = option(1.5, gt=0)  # a replica silent this long is out of the next quorum

@@ -33,6 +33,23 @@ log = logging.getLogger("syncopt")
 #: advises about an hour for LocalSGD/DiLoCo); a dead peer is dropped by the heartbeat timeout and
 #: a dead lighthouse by the supervisor, so this bounds only a quorum that can never form
 DEFAULT_QUORUM_TIMEOUT_S = 3600.0
+#: with ft.quorum_timeout_s null, a round's quorum wait also covers this many times the period that
+#: led to it (measured on this replica: the seconds since its previous round began), so a schedule
+#: whose periods grow (QSR's H = (beta / lr)^2 as the learning rate decays) is never cut short by a
+#: fixed hour, even for a peer this many times slower
+PERIOD_COVER = 4.0
+
+
+def round_quorum_timeout(configured: Optional[float], period_s: float) -> tuple[float, str]:
+    """The quorum wait for one round, and a warning ('' when none). `configured` is
+    ft.quorum_timeout_s (None: derived); `period_s` the wall-clock of the period before this round."""
+    if configured is None:
+        return max(DEFAULT_QUORUM_TIMEOUT_S, PERIOD_COVER * period_s), ""
+    if period_s > configured:
+        return configured, (f"ft.quorum_timeout_s={configured:g} is shorter than the last period between rounds "
+                            f"({period_s:.0f} s): a slower peer can miss a round's quorum; raise it or set it to "
+                            "null (derived from the periods)")
+    return configured, ""
 
 
 @contextlib.contextmanager
@@ -99,6 +116,8 @@ class ManagerRounds(RoundAverager):
                 store_port=store_port, lighthouse_addr=lighthouse, replica_id=f"replica_{replica}",
                 hostname=host, checkpoint_transport=TensorOnlyTransport(host, timeout), init_sync=False)
         self._round_start = 0.0
+        self._configured_quorum_s = cfg.quorum_timeout_s
+        self._warned_quorum = False
         if gate is not None:
             wait_at_start_gate(gate, replica, quorum.total_seconds())
 
@@ -114,8 +133,14 @@ class ManagerRounds(RoundAverager):
     # ---- RoundAverager ----------------------------------------------------------------------
     def begin(self) -> None:
         self._healed = False
-        self._round_start = time.perf_counter()
-        self.manager.start_quorum()
+        now = time.perf_counter()
+        period_s = now - self._round_start if self._round_start else 0.0
+        self._round_start = now
+        quorum_s, warning = round_quorum_timeout(self._configured_quorum_s, period_s)
+        if warning and not self._warned_quorum:
+            log.warning(warning)
+            self._warned_quorum = True
+        self.manager.start_quorum(timeout=timedelta(seconds=quorum_s))
 
     def average_(self, tensors: Sequence[torch.Tensor]) -> None:
         works = [self.manager.allreduce(t) for t in tensors]
