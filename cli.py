@@ -53,11 +53,11 @@ def main(cfg: DictConfig) -> None:
         with report_user_errors():
             sys.exit(run_table(cfg.table, run_dir.root))
     with report_user_errors():
-        plan = preflight(cfg, run_dir)
-        launch_cfg = plan.config.launch
-        if launch_cfg.no_ssh and not any(o.startswith("hydra.run.dir=") for o in hc.overrides.hydra):
+        if cfg.launch.no_ssh and not any(o.startswith("hydra.run.dir=") for o in hc.overrides.hydra):
             raise UserError("launch.no_ssh=true: give hydra.run.dir=PATH, the same on every node "
                             "(on storage they share), so that all nodes write one run")
+        plan = preflight(cfg, run_dir)  # (its last line, on a GPU machine, says how ranks share the GPUs)
+        launch_cfg = plan.config.launch
         lock = RunLock(run_dir)
         # node 0's cli.py owns a shared directory (in fault-tolerant mode over ssh, the one pdsh starts there)
         over_ssh = plan.config.ft.enabled and launch_cfg.hostfile and not launch_cfg.no_ssh

@@ -124,14 +124,15 @@ def load_run_config(cfg: DictConfig) -> RunConfig:
     check_train(train)
     checkpoint = typed_section(CheckpointConfig, cfg.get("checkpoint"), "checkpoint")
     check_checkpoint(checkpoint)
+    dist = typed_section(DistConfig, cfg.get("dist"), "dist")
     run = RunConfig(
         seed=seed, resume=resume, init_from=cfg.get("init_from"), model=model, data=data_cfg,
         algo=dist_algos.load_algo_config(cfg.get("algo")), optim=optim, sched=sched,
         train=train,
         checkpoint=checkpoint,
-        launch=load_launch_config(cfg.get("launch")),
+        launch=load_launch_config(cfg.get("launch"), dist.device),
         logger=typed_section(LoggerConfig, cfg.get("logger"), "logger"),
-        dist=typed_section(DistConfig, cfg.get("dist"), "dist"),
+        dist=dist,
         faults=typed_section(FaultsConfig, cfg.get("faults"), "faults"),
         ft=typed_section(FTConfig, cfg.get("ft"), "ft"), raw=cfg,
     )

@@ -113,11 +113,11 @@ def preflight(raw: DictConfig, run_dir: RunDir) -> RunPlan:
                         f"(not {config.launch.nproc}) or pick launch.launcher=deepspeed")
     check_supervision(config)
     plan = build_plan(config, run_dir, world, per_node)
-    announce_devices(config, per_node)
     check_buildable(config.model, plan.spec)
     warn_endless_warmup(plan)
     warn_no_validation(config)
     check_data_on_disk(config.data)
+    announce_devices(config, per_node)  # last: a refused run's error is its only line, on a GPU machine too
     return plan
 
 

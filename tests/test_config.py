@@ -36,16 +36,18 @@ def test_every_recipe_composes(recipe: str, tmp_path: Path) -> None:
     assert cfg.train.epochs >= 1
 
 
-@pytest.mark.parametrize("gpus,nproc", [(0, 4), (1, 1), (8, 8)])
-def test_default_is_the_embedded_digits_job(gpus: int, nproc: int, tmp_path: Path,
+@pytest.mark.parametrize("gpus,device,nproc", [(0, "auto", 4), (1, "auto", 1), (8, "auto", 8), (1, "cpu", 4)])
+def test_default_is_the_embedded_digits_job(gpus: int, device: str, nproc: int, tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Four CPU ranks on a machine without a GPU, one rank per GPU on a GPU machine (the suite
-    once failed on an H100 for asserting 4 there)."""
+    once failed on an H100 for asserting 4 there), four again where the ranks are told to train
+    on the CPU (on the H100, one default rank made every parameter-server check fail first on
+    "needs at least one worker")."""
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    cfg = compose([], tmp_path)
+    cfg = compose([f"dist.device={device}"], tmp_path)
     assert (cfg.data.name, cfg.algo.name, cfg.model["name"], cfg.launch.nproc, cfg.launch.launcher) == \
         ("digits", "allreduce", "small_cnn", nproc, "deepspeed")
     assert cfg.resume == "auto"

@@ -57,6 +57,22 @@ def test_sharing_is_announced_once_by_preflight(monkeypatch: pytest.MonkeyPatch,
     assert capsys.readouterr().err == ""
 
 
+def test_a_refused_run_says_nothing_of_gpu_sharing(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+                                                 tmp_path: Any) -> None:
+    """On a GPU machine the sharing line used to come before a later check's error, so a refused
+    run printed two lines (found on an H100): it is now said only once every check has passed."""
+    from tests.test_invalid_options import preflight_of
+    from engine import plan as plan_module
+
+    monkeypatch.setattr(plan_module, "visible_gpus", lambda: 1)
+    with pytest.raises(UserError, match="cifar10"):
+        preflight_of(["launch.nproc=4", "dist.device=auto", "data=cifar10", f"paths.data_root={tmp_path}/none"],
+                     tmp_path / "run")
+    assert capsys.readouterr().err == ""
+    preflight_of(["launch.nproc=4", "dist.device=auto"], tmp_path / "run")
+    assert "share 1 GPU(s)" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("backend,device,expected", [
     ("gloo", "cpu", None),
     ("gloo", "cuda", "cpu"),  # gloo's send/recv read host memory only

@@ -57,7 +57,7 @@ def run_variants(rank: int, world: int, variants: list[dict[str, Any]]) -> list[
     from dist_algos import get_algorithm
     from dist_algos.base import StepContext, TrainInfo
 
-    ctx = init_distributed("gloo")
+    ctx = init_distributed("gloo", device="cpu")  # (the model is on the CPU, on a GPU machine too)
     cls = get_algorithm("diloco")
     out = []
     for v in variants:

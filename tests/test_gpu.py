@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.harness import run_ranks, train_in_rank
+from tests.test_data_pipelines import needs
 
 pytestmark = pytest.mark.gpu
 ONE_GPU = {"CUDA_VISIBLE_DEVICES": "0"}  # the ranks share it, whatever the machine has
@@ -169,6 +170,7 @@ def _dali_mixed(rank: int, world: int, root: str) -> bool:
     return all(torch.allclose(a, b, atol=1e-5) for a, b in zip(*reads))
 
 
+@needs("dali")  # (DALI's wheels are carried to a GPU machine in five pieces; a session may skip them)
 def test_dali_mixed_decoding(tmp_path: Path) -> None:
     from data.prepare import prepare
     from tests.datagen import write_cifar

@@ -39,7 +39,8 @@ def preflight_of(overrides: list[str], run_dir: Path) -> None:
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            raw = compose(config_name="config", overrides=[*overrides, "dist.device=cpu"])
+            cpu = [] if any(o.startswith("dist.device=") for o in overrides) else ["dist.device=cpu"]
+            raw = compose(config_name="config", overrides=[*overrides, *cpu])
     except (HydraException, OmegaConfBaseException) as err:
         raise UserError(one_line(err)) from None
     preflight(raw, RunDir(run_dir))

@@ -70,7 +70,7 @@ def run_variants(rank: int, world: int, variants: list[dict[str, Any]]) -> dict[
     from core.schema import typed_section
     from core.distenv import init_distributed
 
-    ctx = init_distributed("gloo")
+    ctx = init_distributed("gloo", device="cpu")  # (the model is on the CPU, on a GPU machine too)
     # PyTorch's averager test: rank r holds r + i; the bucketed average must be the exact mean
     filled = [torch.arange(n, dtype=torch.float64) + rank for n in (5, 1000, 37)]
     average_(FlatBuffer(filled), None, world, bucket_bytes=64, inflight=3)

@@ -122,7 +122,7 @@ def build(rank: int, algo: str, overrides: dict[str, Any], steps: int,
     from core.distenv import init_distributed
     from tests.plugin_harness import make_model, make_optimizer
 
-    ctx = init_distributed("gloo")
+    ctx = init_distributed("gloo", device="cpu")  # (the model is on the CPU, on a GPU machine too)
     cls = get_algorithm(algo)
     cfg = typed_section(cls.Config, {"name": algo, **overrides}, "algo")
     plugin = cls(cfg, ctx)

@@ -199,6 +199,14 @@ def test_unreachable_host_is_one_line_before_launch(tmp_path: Path) -> None:
     assert not (tmp_path / "run" / "logs" / "rank_0.pid").exists()
 
 
+def test_a_machine_without_an_ssh_client_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found on the GPU machine, which has no ssh: every host's probe raised FileNotFoundError and
+    cli.py ended in a traceback with exit 1. Now the probe names the missing client and the fix."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # (nothing on it)
+    with pytest.raises(UserError, match=r"needs an ssh client \(ssh\) on PATH.*launch.no_ssh=true"):
+        probe_hosts(["127.0.0.1", "10.0.0.2"], sys.executable, tmp_path, "token", None)
+
+
 def test_probe_names_a_host_without_this_python_and_a_busy_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The checks of engine.launch.remote on what ssh returns (a stand-in `ssh` runs the command here)."""
     fake = tmp_path / "bin"

@@ -38,7 +38,7 @@ def build(rank: int, world: int, algo: str, overrides: dict[str, Any], momentum:
     from core.schema import typed_section
     from dist_algos.base import HyperParams, TrainInfo
 
-    ctx = init_distributed("gloo")
+    ctx = init_distributed("gloo", device="cpu")  # (the model is on the CPU, on a GPU machine too)
     cls = get_algorithm(algo)
     cfg = typed_section(cls.Config, {"name": algo, **overrides}, "algo")
     hyper = HyperParams(optimizer="sgd", peak_lr=LR, momentum=momentum, weight_decay=WD)

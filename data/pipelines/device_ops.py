@@ -82,22 +82,30 @@ class DeviceAugment:
         if self.mean is None:  # (clone: even a one-channel batch gets the usual strides)
             return nchw.clone(memory_format=torch.contiguous_format)
         # the same operations, in the same order, as torchvision's ToTensor and Normalize
-        mean, std = _statistics(tuple(self.mean), tuple(self.std or ()), nchw.device)
+        full, mean, std = _statistics(tuple(self.mean), tuple(self.std or ()), nchw.device)
         out = nchw.to(torch.float32, memory_format=torch.contiguous_format)
-        return out.div_(255).sub_(mean).div_(std)
+        return out.div_(full).sub_(mean).div_(std)
 
 
 @functools.lru_cache(maxsize=None)
 def _statistics(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device,
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The normalisation's mean and std as C x 1 x 1 tensors on `device`, made once per device.
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """255 (as a 0-d tensor), the normalisation's mean and std (C x 1 x 1) on `device`, made once
+    per device.
+
+    255 is a tensor on the device, not a Python number: CUDA divides by a host scalar as a
+    multiplication by its reciprocal, which differs from the division in the last bit for some
+    pixel values, so the GPU's batches were not the CPU's (tests/test_gpu.py::
+    test_device_pipeline_on_the_gpu_equals_the_cpu failed on an H100); a device tensor is divided
+    by, as on the CPU.
 
     Made per batch, `torch.tensor(list, device=cuda)` copied from pageable host memory, and that
     copy waits for everything queued on the GPU: the host stopped at every batch until the
     previous step had finished, so it could no longer launch ahead of the GPU. On an H100 that
     was 12.7% of ResNet-18's training time spent 'waiting for data' and 0.74 of the compute
     ceiling (bench/throughput.py, 2026-11-24)."""
-    return (torch.tensor(mean, dtype=torch.float32, device=device).view(-1, 1, 1),
+    return (torch.tensor(255.0, dtype=torch.float32, device=device),
+            torch.tensor(mean, dtype=torch.float32, device=device).view(-1, 1, 1),
             torch.tensor(std, dtype=torch.float32, device=device).view(-1, 1, 1))
 
 

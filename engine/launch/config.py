@@ -69,10 +69,14 @@ class LaunchConfig(Section):
     network: NetworkConfig = option(factory=NetworkConfig)  # kind=emulated: nodes and links on this machine
 
 
-def default_nproc() -> int:
-    """One rank per GPU on a GPU machine; CPU_DEFAULT_NPROC ranks on a CPU machine."""
+def default_nproc(device: str = "auto") -> int:
+    """One rank per GPU on a GPU machine; CPU_DEFAULT_NPROC ranks on a CPU machine, or where the
+    ranks are told to train on the CPU (dist.device=cpu): one rank on a one-GPU machine then
+    surprised the parameter-server and group plugins, which need several (found on an H100)."""
     import torch
 
+    if device == "cpu":
+        return CPU_DEFAULT_NPROC
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return gpus or CPU_DEFAULT_NPROC
 
@@ -105,7 +109,7 @@ def _check_multi_node(launch: LaunchConfig) -> None:
                         "(with ssh, pdsh starts every node itself)")
 
 
-def _check_network(launch: LaunchConfig) -> None:
+def _check_network(launch: LaunchConfig, device: str = "auto") -> None:
     """An emulated cluster splits this machine's `launch.nproc` ranks over its nodes; it is one
     machine's launch, so the multi-node and address options have no place beside it."""
     net = launch.network
@@ -122,20 +126,21 @@ def _check_network(launch: LaunchConfig) -> None:
     if launch.master_addr is not None:
         raise UserError(f"launch.master_addr={launch.master_addr}: with launch.network the master is "
                         "the first emulated node; leave it null")
-    nproc = launch.nproc or default_nproc()
+    nproc = launch.nproc or default_nproc(device)
     nodes = net.nodes or nproc
     if nproc < 2 or nproc % nodes:
         raise UserError(f"launch.network.nodes={nodes} must divide launch.nproc={nproc} (the ranks are split "
                         "evenly over the nodes; at least 2 nodes)")
 
 
-def load_launch_config(node: Any) -> LaunchConfig:
-    """The checked section, with this machine's defaults filled in (ranks, master address)."""
+def load_launch_config(node: Any, device: str = "auto") -> LaunchConfig:
+    """The checked section, with this machine's defaults filled in (ranks, master address);
+    `device`: the run's dist.device, which the default rank count follows."""
     launch = typed_section(LaunchConfig, node, "launch")
     _check_multi_node(launch)
-    _check_network(launch)
+    _check_network(launch, device)
     if launch.nproc is None and not launch.hostfile:
-        launch = replace(launch, nproc=default_nproc())
+        launch = replace(launch, nproc=default_nproc(device))
     if launch.master_addr is None and not launch.hostfile:
         launch = replace(launch, master_addr="127.0.0.1")
     return launch

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -104,6 +105,11 @@ def probe_hosts(hosts: list[str], python: str, run_dir: RunDir | Path, token: st
     is free, or (None) for a free port.
     """
     run_dir = RunDir.of(run_dir)
+    client = ssh_command(hosts[0], ssh_port)[0]
+    if shutil.which(client) is None:  # (found on a GPU machine without one: a traceback per host, exit 1)
+        raise UserError(f"launch.hostfile needs an ssh client ({client}) on PATH to reach the other nodes: "
+                        "install one (apt-get install openssh-client), or start every node yourself with "
+                        "launch.no_ssh=true")
     with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
         futures = [pool.submit(_probe_one, h, python, run_dir, token,
                                (master_port or 0) if i == 0 else -1, ssh_port)
