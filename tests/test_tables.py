@@ -140,6 +140,42 @@ def test_per_row_baselines_time_to_target_and_speedup_plot(tmp_path: Path) -> No
     assert [p.name for p in made] == ["speedup_updates_per_s.png", "accuracy_wall.png"]
 
 
+def test_interval_figure_colours_what_is_resolved_and_clips_bars_to_what_accuracy_can_take(tmp_path: Path) -> None:
+    """The many-row figure: one panel per variant, rows resolved from the baseline in red (worse)
+    or green (better), the rest grey; three seeds' t intervals run past 1 and below 0, which no
+    accuracy can, so the bars stop there."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from engine.tables.config import TableConfig
+    from engine.tables.plots import _intervals_figure, clipped_error
+
+    assert clipped_error(0.98, 0.05) == pytest.approx((0.05, 0.02))
+    assert clipped_error(0.03, 0.05) == pytest.approx((0.03, 0.05))
+    assert clipped_error(0.5, None) == (0.0, 0.0)
+
+    def rec(label: str, acc: float, diff: float, resolved: bool) -> dict:
+        base = "a@" + label.partition("@")[2]
+        return {"label": label, "baseline": base, "test_acc": acc, "test_acc_ci95": 0.05,
+                "diff": diff, "diff_resolved": resolved}
+
+    records = [rec("a@iid", 0.98, 0, False), rec("b@iid", 0.90, -0.08, True), rec("c@iid", 0.97, -0.01, False),
+               rec("a@skew", 0.95, 0, False), rec("b@skew", 0.99, 0.04, True)]
+    fig = _intervals_figure(plt, TableConfig(name="t", rows=[], seeds=[1, 2, 3]), records)
+    colours = [[matplotlib.colors.to_hex(c.lines[0].get_color()) for c in ax.containers] for ax in fig.axes]
+    names = [[t.get_text() for t in ax.get_yticklabels()] for ax in fig.axes]
+    red, green, grey = (matplotlib.colors.to_hex(c) for c in ("tab:red", "tab:green", "tab:gray"))
+    assert names == [["b", "c", "a"], ["a", "b"]]  # sorted by accuracy, within each variant
+    assert colours == [[red, grey, "#000000"], ["#000000", green]]
+    bars = fig.axes[0].containers[0].lines[2][0].get_segments()[0]  # row b: 0.90 +- 0.05
+    assert [round(x, 6) for x in (bars[0][0], bars[1][0])] == [0.85, 0.95]
+    top = fig.axes[1].containers[1].lines[2][0].get_segments()[0]  # row b@skew: 0.99 + 0.05, cut at 1
+    assert round(top[1][0], 6) == 1.0
+    plt.close(fig)
+
+
 @pytest.mark.parametrize("name", ["comm_cpu", "head_to_head_cpu"])
 def test_comm_table_has_a_row_for_every_registered_algorithm(name: str) -> None:
     """table=comm_cpu (and head_to_head_cpu) compare every method: each registered plugin's row

@@ -56,7 +56,7 @@ class TableConfig(Section):
     seeds: list[int] = field(default_factory=lambda: [0])
     overrides: list[str] = field(default_factory=list)  # added to every row
     paper_metrics: list[str] = field(default_factory=lambda: ["test_acc"])  # published columns shown
-    plots: list[str] = field(default_factory=lambda: ["accuracy"])  # accuracy | pareto | series:<key> | throughput
+    plots: list[str] = field(default_factory=lambda: ["accuracy"])  # accuracy | intervals | pareto | series:<key> | throughput | wall | speedup:<m>
     rows: list[RowConfig] = field(default_factory=list)
     # summary.json keys shown per row, plus time_to_target_s (needs target_acc); ratios: those
     # divided by the baseline row's

@@ -2,6 +2,8 @@
 
 - accuracy: test accuracy against step and against communicated bytes (all ranks), the mean over
   seeds with 95% t error bars (engine/tables/stats.py) where a row has two seeds or more;
+- intervals: each row's final test accuracy with its 95% interval, sorted, one panel per variant,
+  rows resolved from the baseline coloured (the figure for a many-row table);
 - pareto: each row's final test accuracy against its communicated bytes, the rows no other row
   beats on both (as accurate with fewer bytes) joined as the Pareto front, with 95% error bars
   on both axes over seeds;
@@ -16,7 +18,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from engine.report.metrics import read_metrics
 from engine.tables.config import TableConfig, row_dir
@@ -64,24 +66,12 @@ def draw_table_plots(table: Any, records: list[dict[str, Any]], out: Path) -> li
     made = []
     for plot in table.plots:
         if plot == "accuracy":
-            fig, (by_step, by_bytes) = plt.subplots(1, 2, figsize=(12, 4.5))
-            for label, runs in metrics.items():
-                curve = eval_curve(runs)
-                if not curve:
-                    continue
-                steps, mb, acc, err = (list(c) for c in zip(*curve))
-                by_step.errorbar(steps, acc, yerr=err, fmt="o-", ms=3, capsize=2, label=label)
-                by_bytes.errorbar(mb, acc, yerr=err, fmt="o-", ms=3, capsize=2, label=label)
-            seeds = f" (mean of {len(table.seeds)} seeds, 95% t intervals)" if len(table.seeds) > 1 else ""
-            by_step.set(xlabel="step", ylabel="test accuracy" + seeds)
-            by_bytes.set(xlabel="communicated MB (all ranks)", ylabel="test accuracy", xscale="symlog")
-            by_step.legend(fontsize=8)
-            fig.suptitle(_title(table, width=120))
-            fig.tight_layout()
-            path = out / "accuracy.png"
+            fig, path = _accuracy_figure(plt, table, metrics), out / "accuracy.png"
         elif plot == "pareto":
             fig = _pareto_figure(plt, table, records)
             path = out / "pareto.png"
+        elif plot == "intervals":
+            fig, path = _intervals_figure(plt, table, records), out / "intervals.png"
         elif plot.startswith("series:"):
             key = plot.split(":", 1)[1]
             fig, ax = plt.subplots(figsize=(8, 4))
@@ -125,6 +115,80 @@ def draw_table_plots(table: Any, records: list[dict[str, Any]], out: Path) -> li
         plt.close(fig)
         made.append(path)
     return made
+
+
+def variant_of(label: str) -> str:
+    """The variant of a `<row>@<variant>` label ("" for a table without variants)."""
+    return label.partition("@")[2]
+
+
+def clipped_error(mean: float, half: Optional[float], low: float = 0.0, high: float = 1.0) -> tuple[float, float]:
+    """(below, above) error-bar lengths of a t interval cut at what the metric can take: three
+    seeds' intervals of an accuracy run past 1 and below 0, which no accuracy can."""
+    half = half or 0.0
+    return mean - max(low, mean - half), min(high, mean + half) - mean
+
+
+def _accuracy_figure(plt: Any, table: Any, metrics: dict[str, list[list[dict[str, Any]]]]) -> Any:
+    """Test accuracy against step and against communicated bytes, one row of panels per variant
+    (IID and skewed data are different problems), the legend beside them."""
+    variants = list(dict.fromkeys(variant_of(label) for label in metrics)) or [""]
+    fig, axes = plt.subplots(len(variants), 2, figsize=(14, 4.2 * len(variants)), squeeze=False)
+    seeds = f" (mean of {len(table.seeds)} seeds, 95% t)" if len(table.seeds) > 1 else ""
+    # a row keeps its colour and line in every panel; 20 colours, then dashed, then dotted
+    names = list(dict.fromkeys(label.partition("@")[0] for label in metrics))
+    palette = plt.get_cmap("tab20")
+    styles = {n: {"color": palette(i % 20), "fmt": "o" + ["-", "--", ":"][i // 20 % 3]} for i, n in enumerate(names)}
+    for n, ((by_step, by_bytes), variant) in enumerate(zip(axes, variants)):
+        for label, runs in metrics.items():
+            curve = eval_curve(runs) if variant_of(label) == variant else []
+            if not curve:
+                continue
+            steps, mb, acc, err = (list(c) for c in zip(*curve))
+            yerr = list(zip(*(clipped_error(a, e) for a, e in zip(acc, err))))
+            style = dict(ms=3, capsize=2, lw=1, **styles[label.partition("@")[0]])
+            by_step.errorbar(steps, acc, yerr=yerr, label=label.partition("@")[0], **style)
+            by_bytes.errorbar(mb, acc, yerr=yerr, **style)
+        name = f" ({variant})" if variant else ""
+        by_step.set(xlabel="step", ylabel=f"test accuracy{name}{seeds}", ylim=(-0.02, 1.02))
+        by_bytes.set(xlabel="communicated MB (all ranks)", ylabel=f"test accuracy{name}", xscale="symlog",
+                     ylim=(-0.02, 1.02))
+        if n == 0 and by_step.get_legend_handles_labels()[0]:  # (one legend: the rows are the same below)
+            by_bytes.legend(*by_step.get_legend_handles_labels(), fontsize=7, loc="upper left",
+                            bbox_to_anchor=(1.02, 1.0), ncol=1 + len(names) // 30)
+    fig.suptitle(_title(table, width=140))
+    fig.tight_layout()
+    return fig
+
+
+def _intervals_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> Any:
+    """Each row's final test accuracy with its 95% interval over seeds, sorted, one panel per
+    variant, the baseline row's mean as a line; a row whose paired difference from the baseline
+    is resolved is coloured (red: worse, green: better), the rest grey. What a reader of a
+    many-row table wants first: which rows are told apart from the baseline, and which are not."""
+    ok = [r for r in records if r.get("test_acc") is not None]
+    variants = list(dict.fromkeys(variant_of(r["label"]) for r in ok)) or [""]
+    per = max(sum(1 for r in ok if variant_of(r["label"]) == v) for v in variants)
+    fig, axes = plt.subplots(1, len(variants), figsize=(6.5 * len(variants), 1.2 + 0.24 * per), squeeze=False)
+    for ax, variant in zip(axes[0], variants):
+        rows = sorted((r for r in ok if variant_of(r["label"]) == variant), key=lambda r: r["test_acc"])
+        for y, rec in enumerate(rows):
+            below, above = clipped_error(rec["test_acc"], rec.get("test_acc_ci95"))
+            resolved, diff = rec.get("diff_resolved"), rec.get("diff") or 0.0
+            colour = ("black" if rec["label"] == rec.get("baseline") else
+                      "tab:red" if resolved and diff < 0 else "tab:green" if resolved else "tab:gray")
+            ax.errorbar([rec["test_acc"]], [y], xerr=[[below], [above]], fmt="o", ms=4, capsize=2, color=colour)
+        base = next((r for r in rows if r["label"] == r.get("baseline")), None)
+        if base is not None:
+            ax.axvline(base["test_acc"], color="black", lw=0.8, ls="--")
+        ax.set_yticks(range(len(rows)), [r["label"].partition("@")[0] for r in rows], fontsize=8)
+        ax.set(xlabel="final test accuracy, mean and 95% t interval over seeds", xlim=(-0.02, 1.02),
+               title=f"{variant or table.name}: red/green = resolved from {base['label'].partition('@')[0] if base else 'the baseline'}")
+        ax.title.set_fontsize(9)
+        ax.grid(axis="x", lw=0.3)
+    fig.suptitle(_title(table, width=140), fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def _speedup(plt: Any, table: Any, records: list[dict[str, Any]], metric: str, out: Path) -> tuple[Any, Path]:
@@ -175,7 +239,7 @@ def _pareto_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> Any:
     fig.subplots_adjust(left=0.07, right=0.68, top=0.88, bottom=0.11)
     ax.errorbar([x for x, _ in points], [y for _, y in points], fmt="o", ms=4, color="tab:gray", capsize=2,
                 xerr=[(r.get("comm_bytes_ci95") or 0.0) / 1e6 for r in ok],
-                yerr=[r.get("test_acc_ci95") or 0.0 for r in ok], zorder=2)
+                yerr=list(zip(*(clipped_error(r["test_acc"], r.get("test_acc_ci95")) for r in ok))), zorder=2)
     colours = ["tab:red", "tab:blue", "tab:green", "tab:purple"]
     for n, (v, members) in enumerate(fronts.items()):
         ax.plot([points[i][0] for i in members], [points[i][1] for i in members], "o-", drawstyle="steps-post",
