@@ -3,6 +3,7 @@
 # the missing wheels travel in .whl/ (and DALI's, too large for one transfer, as pieces of one tar
 # in .dali<k>/), and each step below is one call. Logs go to $OUT (or /tmp/gpu_out).
 #
+#   bench/gpu_session.sh install        install .whl/ into /tmp/site unless a warm machine has it; versions
 #   bench/gpu_session.sh start          install .whl/ into /tmp/site; the whole suite, in the background
 #   bench/gpu_session.sh piece          keep this call's piece of DALI's wheels
 #   bench/gpu_session.sh checks         bench/gpu_checks.py (shared GPU, 14 loader workers)
@@ -10,6 +11,9 @@
 #   bench/gpu_session.sh measure        bench/throughput.py on CIFAR/ResNet-18, bench/gpu_checks.py wall, compile
 #   bench/gpu_session.sh dali           join and install DALI; its tests; bench/throughput.py DALI/ResNet-50 at 224
 #   bench/gpu_session.sh gpu            the GPU tests (pytest -m gpu tests/test_gpu.py), failures named in $OUT/gpu_tests.log
+#   bench/gpu_session.sh suite SECONDS  the whole suite on 8 xdist workers (-v; each test limited to 300 s), cut at
+#                                       SECONDS; the node ids that failed in $OUT/suite_failed.txt
+#   bench/gpu_session.sh rerun SECONDS  those node ids again, serially, to tell load-caused failures from GPU-caused
 #   bench/gpu_session.sh shard K N      shard K of N of the test files (by size, round robin) on 12 xdist workers,
 #                                       each test limited to 300 s; names of failures and errors in $OUT/shard_K.log
 #
@@ -20,7 +24,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT" /root/dali
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH  # (torchft_lighthouse: pip --target puts scripts there)
 SUITE=/root/suite_repo
 
 piece() {
@@ -28,7 +32,32 @@ piece() {
   ls -la /root/dali
 }
 
+install_site() {
+  if [[ ! -d /tmp/site/hydra ]]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      || return 1
+  fi
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import torch, hydra, deepspeed, wandb, torchft; print('torch', torch.__version__, torch.cuda.get_device_name(0))"
+}
+
 case "${1:-}" in
+  install) install_site ;;
+  suite)
+    limit=${2:?seconds}
+    # -v: each test's outcome is printed as it ends, so a cut run still names its failures
+    timeout --signal=INT "$limit" python3 -m pytest -p no:cacheprovider -v -rfEs -n 8 --timeout 300 tests 2>&1 \
+      > "$OUT/suite.log"
+    grep -E "(passed|failed).* in [0-9.]+s" "$OUT/suite.log" | tail -1
+    grep -oE "(FAILED|ERROR) tests/[^ ]+" "$OUT/suite.log" | awk '{print $2}' | sort -u > "$OUT/suite_failed.txt"
+    head -60 "$OUT/suite_failed.txt"
+    cp "$OUT/suite_failed.txt" /root/; echo "failed or errored: $(wc -l < "$OUT/suite_failed.txt")" ;;
+  rerun)
+    limit=${2:?seconds}
+    [[ -s $OUT/suite_failed.txt ]] || cp /root/suite_failed.txt "$OUT/" 2>/dev/null
+    mapfile -t ids < "$OUT/suite_failed.txt"
+    timeout --signal=INT "$limit" python3 -m pytest -p no:cacheprovider -q -rfEs --timeout 300 "${ids[@]}" 2>&1 \
+      | tee "$OUT/rerun.log" | tail -30 ;;
   start)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
       || exit 1
