@@ -77,7 +77,7 @@ def wait_avoiding_run(rank: int, world: int, group_size: int, steps: int) -> dic
     from core.schema import typed_section
     from core.distenv import init_distributed
 
-    ctx = init_distributed("gloo")
+    ctx = init_distributed("gloo", device="cpu")  # (the model is on the CPU, on a GPU machine too)
     cls = get_algorithm("wagma")
     cfg = typed_section(cls.Config, {"name": "wagma", "group_size": group_size,
                                      "global_period": WA_TAU, "wait_avoiding": True}, "algo")
