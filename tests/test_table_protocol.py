@@ -230,3 +230,13 @@ def test_every_algorithm_rows_come_from_the_registry_and_each_cpu_recipe(tmp_pat
     rows = config.algorithm_rows(tmp_path)
     assert [r.label for r in rows] == [*registered, "toy_sgd", "toy_compressed"]
     assert rows[-2].recipe == f"{tmp_path.name}/toy_sgd"
+
+
+def test_an_unknown_plot_is_refused_before_any_run(tmp_path: Path) -> None:
+    """A misspelt plot used to be skipped in silence, after hours of runs; it is now one line."""
+    from core.errors import UserError
+    from engine.tables.config import load_table
+
+    with pytest.raises(UserError, match=r"table.plots has 'paretto'; known: accuracy, intervals, pareto"):
+        load_table(_table(tmp_path, [{"label": "base"}], plots=["accuracy", "paretto"]))
+    assert load_table(_table(tmp_path, [{"label": "base"}], plots=["intervals", "series:H", "speedup:x"])).plots

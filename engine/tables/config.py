@@ -95,6 +95,9 @@ RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 CPU_RECIPES = RECIPES / "cpu"  # every algorithm's own CPU recipe on the default digits task
 
 
+PLOTS = ("accuracy", "intervals", "pareto", "throughput", "wall")  # engine/tables/plots.py draws
+
+
 def algorithm_rows(folder: Path = CPU_RECIPES) -> list[RowConfig]:
     """One row per registered algorithm (registry order), its recipe `folder/<algo>.yaml`, then
     one per other recipe there (a method composed from an algorithm). A missing recipe is one line
@@ -165,6 +168,10 @@ def load_table(node: DictConfig) -> TableConfig:
     for column in ("time_to_target_s", "bytes_to_target"):
         if column in table.columns and table.target_acc is None:
             raise UserError(f"table {table.name}: the {column} column needs table.target_acc")
+    for plot in table.plots:  # (an unknown one was skipped in silence, after hours of runs)
+        if plot not in PLOTS and not plot.startswith(("series:", "speedup:")):
+            raise UserError(f"table {table.name}: table.plots has {plot!r}; known: {', '.join(PLOTS)}, "
+                            "series:<key>, speedup:<metric>")
     return table
 
 
