@@ -12,6 +12,7 @@ inside those ranks (`train_in_rank`).
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import socket
 import tempfile
@@ -33,7 +34,10 @@ def free_port() -> int:
 
 
 def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, args: tuple,
-           env: dict[str, str], device: str) -> None:
+           env: dict[str, str], device: str, timeout: float = 120.0) -> None:
+    # a rank still running just before run_ranks gives up on it prints every thread's stack: a
+    # hang seen only on another machine (the loader-worker resume on an H100) names itself
+    faulthandler.dump_traceback_later(max(timeout - 5.0, 1.0), exit=False)
     local_size = int(env.pop("LOCAL_SIZE", world_size))  # fewer than world_size: several "nodes"
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                        "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank % local_size),
@@ -78,7 +82,7 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 120.0,
     with tempfile.TemporaryDirectory() as tmp:
         ctx = _context()
         port = free_port()
-        procs = [ctx.Process(target=_entry, args=(r, world_size, port, tmp, fn, args, dict(env or {}), device))
+        procs = [ctx.Process(target=_entry, args=(r, world_size, port, tmp, fn, args, dict(env or {}), device, timeout))
                  for r in range(world_size)]
         for p in procs:
             p.start()
