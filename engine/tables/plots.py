@@ -122,6 +122,16 @@ def variant_of(label: str) -> str:
     return label.partition("@")[2]
 
 
+def row_of(label: str) -> str:
+    """The row of a `<row>@<variant>` label (the whole label without variants)."""
+    return label.partition("@")[0]
+
+
+def variants_in(labels: Sequence[str]) -> list[str]:
+    """The labels' variants in first-seen order (one panel or front each); [""] for none."""
+    return list(dict.fromkeys(variant_of(label) for label in labels)) or [""]
+
+
 def clipped_error(mean: float, half: Optional[float], low: float = 0.0, high: float = 1.0) -> tuple[float, float]:
     """(below, above) error-bar lengths of a t interval cut at what the metric can take: three
     seeds' intervals of an accuracy run past 1 and below 0, which no accuracy can."""
@@ -132,11 +142,11 @@ def clipped_error(mean: float, half: Optional[float], low: float = 0.0, high: fl
 def _accuracy_figure(plt: Any, table: Any, metrics: dict[str, list[list[dict[str, Any]]]]) -> Any:
     """Test accuracy against step and against communicated bytes, one row of panels per variant
     (IID and skewed data are different problems), the legend beside them."""
-    variants = list(dict.fromkeys(variant_of(label) for label in metrics)) or [""]
+    variants = variants_in(list(metrics))
     fig, axes = plt.subplots(len(variants), 2, figsize=(14, 4.2 * len(variants)), squeeze=False)
     seeds = f" (mean of {len(table.seeds)} seeds, 95% t)" if len(table.seeds) > 1 else ""
     # a row keeps its colour and line in every panel; 20 colours, then dashed, then dotted
-    names = list(dict.fromkeys(label.partition("@")[0] for label in metrics))
+    names = list(dict.fromkeys(row_of(label) for label in metrics))
     palette = plt.get_cmap("tab20")
     styles = {n: {"color": palette(i % 20), "fmt": "o" + ["-", "--", ":"][i // 20 % 3]} for i, n in enumerate(names)}
     for n, ((by_step, by_bytes), variant) in enumerate(zip(axes, variants)):
@@ -146,8 +156,8 @@ def _accuracy_figure(plt: Any, table: Any, metrics: dict[str, list[list[dict[str
                 continue
             steps, mb, acc, err = (list(c) for c in zip(*curve))
             yerr = list(zip(*(clipped_error(a, e) for a, e in zip(acc, err))))
-            style = dict(ms=3, capsize=2, lw=1, **styles[label.partition("@")[0]])
-            by_step.errorbar(steps, acc, yerr=yerr, label=label.partition("@")[0], **style)
+            style = dict(ms=3, capsize=2, lw=1, **styles[row_of(label)])
+            by_step.errorbar(steps, acc, yerr=yerr, label=row_of(label), **style)
             by_bytes.errorbar(mb, acc, yerr=yerr, **style)
         name = f" ({variant})" if variant else ""
         by_step.set(xlabel="step", ylabel=f"test accuracy{name}{seeds}", ylim=(-0.02, 1.02))
@@ -167,7 +177,7 @@ def _intervals_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> An
     is resolved is coloured (red: worse, green: better), the rest grey. What a reader of a
     many-row table wants first: which rows are told apart from the baseline, and which are not."""
     ok = [r for r in records if r.get("test_acc") is not None]
-    variants = list(dict.fromkeys(variant_of(r["label"]) for r in ok)) or [""]
+    variants = variants_in([r["label"] for r in ok])
     per = max(sum(1 for r in ok if variant_of(r["label"]) == v) for v in variants)
     fig, axes = plt.subplots(1, len(variants), figsize=(6.5 * len(variants), 1.2 + 0.24 * per), squeeze=False)
     for ax, variant in zip(axes[0], variants):
@@ -181,9 +191,9 @@ def _intervals_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> An
         base = next((r for r in rows if r["label"] == r.get("baseline")), None)
         if base is not None:
             ax.axvline(base["test_acc"], color="black", lw=0.8, ls="--")
-        ax.set_yticks(range(len(rows)), [r["label"].partition("@")[0] for r in rows], fontsize=8)
+        ax.set_yticks(range(len(rows)), [row_of(r["label"]) for r in rows], fontsize=8)
         ax.set(xlabel="final test accuracy, mean and 95% t interval over seeds", xlim=(-0.02, 1.02),
-               title=f"{variant or table.name}: red/green = resolved from {base['label'].partition('@')[0] if base else 'the baseline'}")
+               title=f"{variant or table.name}: red/green = resolved from {row_of(base['label']) if base else 'the baseline'}")
         ax.title.set_fontsize(9)
         ax.grid(axis="x", lw=0.3)
     fig.suptitle(_title(table, width=140), fontsize=10)
@@ -229,10 +239,10 @@ def _pareto_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> Any:
                 key=lambda r: r["comm_bytes"])
     points = [(r["comm_bytes"] / 1e6, r["test_acc"]) for r in ok]
     # one front per variant (`<row>@<variant>` labels: IID and skewed data are different problems)
-    variants = list(dict.fromkeys(r["label"].partition("@")[2] for r in ok))
+    variants = list(dict.fromkeys(variant_of(r["label"]) for r in ok))
     fronts = {}
     for v in variants:
-        members = [i for i, r in enumerate(ok) if r["label"].partition("@")[2] == v]
+        members = [i for i, r in enumerate(ok) if variant_of(r["label"]) == v]
         fronts[v] = [members[j] for j in pareto_front([points[i] for i in members])]
     front = [i for f in fronts.values() for i in f]
     fig, ax = plt.subplots(figsize=(11, 5))
@@ -254,7 +264,7 @@ def _pareto_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> Any:
     ax.set_title(_title(table, "accuracy against communication"), fontsize=10)
     for n, (rec, (x, y)) in enumerate(zip(ok, points), 1):
         on_front = n - 1 in front
-        colour = colours[variants.index(rec["label"].partition("@")[2]) % len(colours)] if on_front else "black"
+        colour = colours[variants.index(variant_of(rec["label"])) % len(colours)] if on_front else "black"
         fig.text(0.70, 0.86 - 0.05 * (n - 1) * 15 / max(len(ok), 15), f"{n:>2}  {rec['label']}: {x:.1f} MB, {y:.4f}",
                  fontsize=8, family="monospace", color=colour)
     return fig
