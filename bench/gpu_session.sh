@@ -59,12 +59,8 @@ case "${1:-}" in
     timeout --signal=INT "$limit" python3 -m pytest -p no:cacheprovider -q -rfEs --timeout 300 "${ids[@]}" 2>&1 \
       | tee "$OUT/rerun.log" | tail -30 ;;
   start)
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-      || exit 1
+    install_site || exit 1
     piece
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-    python3 -c "import torch, hydra, deepspeed, wandb, torchft; print(torch.__version__, torch.cuda.get_device_name(0))" \
-      || exit 1
     git rev-parse HEAD 2>/dev/null || true
     rm -rf "$SUITE" && cp -r . "$SUITE"
     (cd "$SUITE" && setsid nohup bash -c 'python3 -m pytest -p no:cacheprovider -q -rfEs --durations=15 \
