@@ -28,16 +28,16 @@ from core.distenv import inside_launched_rank
 from core.errors import USER_ERROR_EXIT, UserError, report_user_errors
 from core.rundir import RunDir
 from core.schema import config_error_line
-from engine import rank
+from engine.rank import entry
 from engine.config import register_schemas
-from engine.ft.over_ssh import launch_over_ssh
-from engine.ft.supervisor import supervise
+from engine.drivers.ft_over_ssh import launch_over_ssh
+from engine.drivers.ft_supervisor import supervise
 from engine.launch.config import Launcher
-from engine.launch.launcher import stall_after_s, stopped_message
-from engine.launch.restart import launch_with_restarts
-from engine.launch.run_lock import RunLock
+from engine.drivers.launcher import stall_after_s, stopped_message
+from engine.drivers.restart import launch_with_restarts
+from engine.drivers.run_lock import RunLock
 from engine.plan import RunPlan, preflight
-from engine.tables.runner import run_table
+from engine.drivers.table_runner import run_table
 from engine.usage import usage_text
 
 register_schemas()
@@ -48,7 +48,7 @@ def main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     run_dir = RunDir(Path(hc.runtime.output_dir).resolve())
     if inside_launched_rank():
-        rank.exit_process(rank.main(cfg, str(run_dir.root)))
+        entry.exit_process(entry.main(cfg, str(run_dir.root)))
     if cfg.get("table") is not None:
         with report_user_errors():
             sys.exit(run_table(cfg.table, run_dir.root))
@@ -64,14 +64,14 @@ def main(cfg: DictConfig) -> None:
         if not (launch_cfg.no_ssh and launch_cfg.node_rank) and not over_ssh:
             lock.acquire()  # held until the run ends
         save_hydra_record(run_dir, cfg, hc)
-    if over_ssh:  # a supervisor per node, started on every host through pdsh (engine/ft/over_ssh.py)
+    if over_ssh:  # a supervisor per node, started on every host through pdsh (engine/drivers/ft_over_ssh.py)
         with report_user_errors():  # a host that fails the checks: one line
             code = launch_over_ssh(plan.config.launch, run_dir, list(hc.overrides.task))
-    elif plan.config.ft.enabled:  # one process per replica, restarted alone (engine/ft/supervisor.py)
+    elif plan.config.ft.enabled:  # one process per replica, restarted alone (engine/drivers/ft_supervisor.py)
         code = supervise(plan.config.ft, plan.config.launch, run_dir, plan.world_size, list(hc.overrides.task),
                          stall_after_s(plan.config.dist.timeout_s))
     elif _in_this_process(plan):
-        code = rank.main(cfg, str(run_dir.root))
+        code = entry.main(cfg, str(run_dir.root))
     else:
         code = launch_with_restarts(plan, run_dir, list(hc.overrides.task))
     lock.release()
@@ -79,7 +79,7 @@ def main(cfg: DictConfig) -> None:
     if note:
         print(f"syncopt: {note}", file=sys.stderr)
     if str(hc.mode) != "RunMode.MULTIRUN":
-        rank.exit_process(code)  # everything is written; skip the interpreter's slow teardown
+        entry.exit_process(code)  # everything is written; skip the interpreter's slow teardown
     if code:
         raise RuntimeError(f"job {hc.job.num} failed (exit code {code}); see {run_dir.logs}")
 

@@ -27,7 +27,7 @@ from engine.checkpoint.resume import init_source, resume_candidates
 from engine.config import RunConfig, load_run_config
 from engine.ft.config import check_ft
 from engine.launch.config import Launcher, launch_shape
-from engine.launch.restart import check_supervision
+from engine.drivers.restart import check_supervision
 from engine.train.faults import parse_faults
 from engine.train.optim import hyper_params, peak_lr, warmup_steps
 

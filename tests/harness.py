@@ -70,7 +70,7 @@ def _context() -> Any:
         # torch._dynamo: every optimizer's constructor imports it on first use (10-20 s per rank
         # on a loaded machine, paid again in every run_ranks call unless the server holds it)
         _CTX.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "tests.harness",
-                                     "tests.plugin_harness", "engine.train.trainer", "cli", "dist_algos",
+                                     "tests.plugin_harness", "engine.rank.trainer", "cli", "dist_algos",
                                      "data.sets.digits"])
     return _CTX
 
@@ -143,7 +143,7 @@ def plan_in_rank(overrides: list[str], run_dir: str) -> Any:
 
 def train_in_rank(rank: int, world_size: int, overrides: list[str], run_dir: str) -> Any:
     """Run the real trainer on this rank; returns the summary (reporting rank) or None."""
-    from engine.train.trainer import train_rank
+    from engine.rank.trainer import train_rank
 
     plan, ctx = plan_in_rank(overrides, run_dir)
     return train_rank(plan, ctx)

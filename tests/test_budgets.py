@@ -27,7 +27,7 @@ class _Lines(logging.Handler):
 
 def _train(overrides: list[str], run_dir: str) -> dict[str, Any]:
     """One segment of a run on this rank: the step it ended at, its summary, its warnings."""
-    from engine.train.trainer import Trainer
+    from engine.rank.trainer import Trainer
     from tests.harness import plan_in_rank
 
     lines = _Lines()

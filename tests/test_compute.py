@@ -71,7 +71,7 @@ def test_compile_resumes_without_it_and_vice_versa(tmp_path: Path) -> None:
 
 def _plugin_sees(rank: int, world: int, tmp: str) -> list[bool]:
     from tests.harness import plan_in_rank
-    from engine.train.trainer import Trainer
+    from engine.rank.trainer import Trainer
 
     plan, ctx = plan_in_rank(BASE + ["train.compile=true", "train.compile_backend=eager", "resume=null"], tmp)
     trainer = Trainer(plan, ctx)

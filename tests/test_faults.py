@@ -187,7 +187,7 @@ def test_weights_only_loading_refuses_pickled_objects(tmp_path: Path) -> None:
 
 
 def init_from_scenario(rank: int, world: int, tmp: str) -> tuple[torch.Tensor, torch.Tensor]:
-    from engine.train.trainer import Trainer
+    from engine.rank.trainer import Trainer
     from tests.harness import plan_in_rank
 
     train_in_rank(rank, world, ["train.max_steps=8", "model.width=8"], f"{tmp}/source")

@@ -166,8 +166,8 @@ def _replica(index: int, lighthouse: str, out: str, dies: bool) -> None:
     from torch.distributed import TCPStore
 
     from engine.ft.config import FTConfig
-    from engine.ft.rounds import ManagerRounds
-    from engine.ft.supervisor import free_port
+    from engine.rank.ft_rounds import ManagerRounds
+    from engine.drivers.ft_supervisor import free_port
 
     port = free_port()
     store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)  # noqa: F841 (kept alive)
@@ -192,7 +192,7 @@ def _replica(index: int, lighthouse: str, out: str, dies: bool) -> None:
 
 def test_a_replica_dying_inside_a_round_leaves_it_uncommitted_everywhere(tmp_path: Path) -> None:
     from engine.ft.config import FTConfig
-    from engine.ft.lighthouse import Lighthouse
+    from engine.drivers.lighthouse import Lighthouse
 
     # two replicas make a quorum: the survivors' next round waits for both of them
     house = Lighthouse.start("127.0.0.1", FTConfig(enabled=True, heartbeat_timeout_s=1.0, join_timeout_s=3.0),
@@ -234,7 +234,7 @@ class _Payload:
 
 
 def test_a_crafted_pickle_fed_through_healing_is_refused_not_executed(tmp_path: Path) -> None:
-    from engine.ft.transport import HealingRefused, TensorOnlyTransport
+    from engine.rank.ft_transport import HealingRefused, TensorOnlyTransport
 
     marker = tmp_path / "pwned"
     payload = pickle.dumps({"user": {"default": _Payload(marker)}, "torchft": {"step": 1}})

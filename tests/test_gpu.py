@@ -21,7 +21,7 @@ QUICK = ["train.max_steps=12", "train.log_every_steps=4", "train.eval_every_step
 
 
 def _trained(rank: int, world: int, overrides: list[str], tmp: str) -> dict[str, Any]:
-    from engine.train.trainer import Trainer
+    from engine.rank.trainer import Trainer
     from tests.harness import plan_in_rank
 
     plan, ctx = plan_in_rank(overrides + ["resume=null"], tmp)

@@ -132,7 +132,7 @@ def test_the_graph_is_read() -> None:
     """The reader sees the edges it must (guards the other tests against reading nothing)."""
     edges, externals = graph()
     pairs = {(e.source, e.target) for e in edges}
-    assert ("engine.train.trainer", "engine.plan") in pairs
+    assert ("engine.rank.trainer", "engine.plan") in pairs
     assert ("dist_algos.allreduce", "dist_algos.base") in pairs
     assert "torch" in externals["core.distenv"]
     assert find_cycle([Edge("a", "b", 1, False), Edge("b", "c", 1, True), Edge("c", "a", 1, False)]) == ["a", "b", "c", "a"]

@@ -16,7 +16,7 @@ import torch
 
 from core.errors import UserError
 from core.rundir import RunDir
-from engine.launch.restart import run_with_restarts
+from engine.drivers.restart import run_with_restarts
 from engine.train.faults import FaultLog, FaultsConfig, fault_summary, mtbf_draw, parse_faults
 from engine.train.heartbeat import read_step
 from tests.test_cli import REPO, error_line, run_cli

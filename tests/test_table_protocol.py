@@ -63,7 +63,7 @@ def _table(out: Path, rows: list[dict[str, Any]], **extra: Any) -> Any:
 def test_tuning_picks_the_validation_winner_where_test_disagrees(tmp_path: Path, capsys: Any) -> None:
     """lr 0.1 is best on validation, lr 0.3 on test: the table runs and reports lr 0.1."""
     from engine.tables.config import RowConfig, row_dir
-    from engine.tables.runner import run_table
+    from engine.drivers.table_runner import run_table
     from engine.tables.tuning import grid_settings, tune_dir
 
     grid = {"optim.lr": [0.03, 0.1, 0.3]}
@@ -122,7 +122,7 @@ def test_a_grid_is_extended_beyond_a_winning_edge_and_the_reported_runs_follow(t
     reported run made before with lr 0.03 is set aside (kept) for the chosen setting. A tie at
     an edge extends nothing; the limit holds."""
     from engine.tables.config import RowConfig, row_dir
-    from engine.tables.runner import tuning_grid
+    from engine.drivers.table_runner import tuning_grid
     from engine.tables.tuning import extend_grid, grid_settings, tune_dir
 
     grid = {"optim.lr": [0.03, 0.1, 0.3]}
@@ -153,7 +153,7 @@ def test_a_grid_is_extended_beyond_a_winning_edge_and_the_reported_runs_follow(t
     table = _table(tmp_path, [{"label": "r", "tune": grid}], tune_seeds=[0], tune_extend=2, baseline="r",
                    columns=["test_acc"], ratios=[], dry_run=False)
     from engine.tables.config import load_table
-    from engine.tables.runner import chosen, set_aside_if_stale
+    from engine.drivers.table_runner import chosen, set_aside_if_stale
 
     loaded = load_table(table)
     assert tuning_grid(loaded, loaded.rows[0], tmp_path) == {"optim.lr": [0.0027, 0.009, 0.03, 0.1, 0.3]}

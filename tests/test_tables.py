@@ -96,7 +96,7 @@ def test_every_shipped_table_composes_row_by_row(name: str, tmp_path: Path) -> N
 
     import cli  # registers the table schema
     from engine.tables.config import load_table, row_args, row_dir
-    from engine.tables.runner import describe_row
+    from engine.drivers.table_runner import describe_row
     from tests.harness import CONF
 
     assert cli.register_schemas

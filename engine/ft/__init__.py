@@ -1,8 +1,10 @@
 """Fault-tolerant mode (`ft.enabled=true`) on torchft: every rank is a replica group of one.
 
-`config` (the `ft` section and the checks before launch), `lighthouse` (torchft's lighthouse,
-started by cli.py on node 0), `transport` (the healing transport: tensors only, loaded with
-weights_only=True), `rounds` (the Manager behind `dist_algos.ft_round.RoundAverager`, healing,
-the per-round record) and `supervisor` (one process per replica, restarted alone when it dies).
-torchft is imported only inside these modules' functions. docs/fault_tolerance.md has the design.
+Only the `ft` section and what it refuses before launch live here (`config`: `FTConfig`,
+`check_ft`, `quorum_size`, `Replica`), on the floor of the parts that engine/config.py and
+engine/plan.py read. What runs inside a replica is in engine/rank/ (`ft_rounds`: the Manager
+behind `dist_algos.ft_round.RoundAverager`, healing, the per-round record; `ft_transport`: the
+tensors-only healing transport); what runs in the launching process is in engine/drivers/
+(`ft_supervisor`, `ft_nodes`, `ft_over_ssh`, `lighthouse`). torchft is imported only by those.
+docs/fault_tolerance.md has the design.
 """

@@ -18,7 +18,7 @@ class FTConfig(Section):
     # replacement alone (or any minority) can never form a quorum of its own beside the survivors'
     min_replicas: Optional[int] = option(None, ge=1)
     max_restarts: int = option(3, ge=0)  # restarts of each replica by the supervisor before it gives up
-    # None: derived per round (engine/ft/rounds.py round_quorum_timeout): an hour, or 4x the wall-clock of
+    # None: derived per round (engine/rank/ft_rounds.py round_quorum_timeout): an hour, or 4x the wall-clock of
     # the period before the round if longer, so QSR's growing periods are always covered; a dead peer leaves
     # by the heartbeat timeout, so this bounds only a quorum that cannot form. A value is used as given
     # (a warning when a period outlasts it)
@@ -54,7 +54,7 @@ def check_ft(ft: FTConfig, algo_name: str, ft_refusal: str, launch: Any, algo_cf
         raise UserError(f"ft.lighthouse={ft.lighthouse!r}: expected host:port of a running torchft lighthouse")
 
 
-#: what the supervisor tells each replica process (engine/ft/supervisor.py)
+#: what the supervisor tells each replica process (engine/drivers/ft_supervisor.py)
 REPLICA_ENV = "SYNCOPT_FT_REPLICA"  # "INDEX/COUNT"
 LIGHTHOUSE_ENV = "SYNCOPT_FT_LIGHTHOUSE"  # host:port
 

@@ -53,7 +53,7 @@ class LaunchConfig(Section):
     omp_threads: Optional[int] = option(None, ge=1)  # null: the node's cores / its ranks
     log_level: LogLevel = LogLevel.warning  # DeepSpeed launcher's own logging (info shows every spawn)
     # re-launch the whole job from its last complete checkpoint after a failure, up to N times
-    # (engine/launch/restart.py); 0: a failure ends the job
+    # (engine/drivers/restart.py); 0: a failure ends the job
     max_restarts: int = option(0, ge=0)
     # ---- several machines (docs/multinode.md) ----
     hostfile: Optional[str] = None  # DeepSpeed hostfile: one `HOST slots=N` line per machine

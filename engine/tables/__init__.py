@@ -1,2 +1,3 @@
 """Paper tables by one command (`python cli.py table=NAME`): the table config and directory
-layout (`config`), running the rows (`runner`), the results (`render`) and figures (`plots`)."""
+layout (`config`), tuning grids (`tuning`), intervals (`stats`), the results (`render`) and
+figures (`plots`). Running the rows is a driver's job (engine/drivers/table_runner.py)."""

@@ -6,7 +6,7 @@ no-ssh job asks of a person or of SLURM: it checks the hosts as every pdsh launc
 (engine/launch/remote.py: ssh without a password, this Python, the shared run directory, cores,
 the master port on the first host) and then runs, on every host at once through pdsh as
 DeepSpeed's runner does (pdsh puts the host's rank in `%n`), the same cli.py command with
-`launch.no_ssh=true launch.node_rank=%n`: one supervisor per node (engine/ft/nodes.py), node 0
+`launch.no_ssh=true launch.node_rank=%n`: one supervisor per node (engine/drivers/ft_nodes.py), node 0
 holding the lighthouse and the run directory's lock.
 
 A stop signal here writes RUN/stop_request, which every node's supervisor watches (their replicas
@@ -28,7 +28,7 @@ from typing import Optional
 
 from core.rundir import RunDir
 from engine.launch.config import LaunchConfig, node_plan_of
-from engine.launch.launcher import REPO, _script_args, _write_record, omp_threads
+from engine.drivers.launcher import REPO, _script_args, _write_record, omp_threads
 from engine.launch.remote import exported_env, probe_hosts
 
 #: what this process sets on the nodes' command lines; a user's value for them is replaced

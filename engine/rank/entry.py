@@ -26,7 +26,7 @@ from engine.config import load_run_config
 from engine.ft.config import Replica
 from engine.plan import build_plan
 from engine.train.heartbeat import Heartbeat
-from engine.train.trainer import train_rank
+from engine.rank.trainer import train_rank
 
 
 def setup_logging(run_dir: RunDir, rank: int, console: bool) -> None:

@@ -14,7 +14,7 @@ replica (exit code 2) ends the job at once, as it would any job.
 
 Several nodes (`launch.hostfile` with `launch.no_ssh=true`, as slurm/syncopt.sbatch runs it): one
 supervisor per node, each owning its hostfile line's replicas; they meet through the shared run
-directory (engine/ft/nodes.py), node 0 holding the lighthouse and writing the job's summary.
+directory (engine/drivers/ft_nodes.py), node 0 holding the lighthouse and writing the job's summary.
 """
 from __future__ import annotations
 
@@ -31,12 +31,12 @@ from typing import Any, Optional
 from core.errors import USER_ERROR_EXIT
 from core.rundir import SUPERVISED_ENV, RunDir
 from engine.ft.config import LIGHTHOUSE_ENV, REPLICA_ENV, FTConfig, quorum_size
-from engine.ft.lighthouse import Lighthouse
-from engine.ft.nodes import (NodeLayout, NodeRecord, NodeWatch, clear_job_files, layout_of, meet, read_job_end,
+from engine.drivers.lighthouse import Lighthouse
+from engine.drivers.ft_nodes import (NodeLayout, NodeRecord, NodeWatch, clear_job_files, layout_of, meet, read_job_end,
                              read_node_record, write_job_end, write_node_record)
-from engine.launch.launcher import REPO, _script_args, free_port, omp_threads
+from engine.drivers.launcher import REPO, _script_args, free_port, omp_threads
 from engine.launch.config import LaunchConfig
-from engine.launch.rank_watch import RankWatch
+from engine.drivers.rank_watch import RankWatch
 from engine.train.faults import FaultLog
 from engine.train.heartbeat import read_step
 
@@ -135,7 +135,7 @@ class Supervisor:
 
     def _meet(self) -> None:
         """Several nodes: node 0 (old files cleared, lighthouse up) writes its launch record once
-        every node has joined this attempt (engine.ft.nodes.meet)."""
+        every node has joined this attempt (engine.drivers.ft_nodes.meet)."""
         record = {"mode": "ft_no_ssh", "nodes": self.layout.nodes, "replicas": self.count,
                   "master_addr": self.layout.lighthouse_host, "master_port": self.layout.lighthouse_port,
                   "node": os.uname().nodename}
@@ -383,7 +383,7 @@ class Supervisor:
             os.killpg(rep.proc.pid, signal.SIGKILL)
 
     def _report_user_error(self, rep: ReplicaProcess) -> None:
-        """The replica's one-line user error, as a launched job's (engine.launch.rank_watch)."""
+        """The replica's one-line user error, as a launched job's (engine.drivers.rank_watch)."""
         print(f"syncopt: error: {RankWatch(self._replica_dir(rep.index)).user_error()}", file=sys.stderr, flush=True)
 
     def _lost_work(self, per_replica: dict[str, Any], final_step: int) -> dict[str, Any]:

@@ -50,7 +50,7 @@ from core.rundir import SUPERVISED_ENV, RunDir
 from engine.launch.config import Launcher, LaunchConfig, node_plan_of
 from engine.launch.network import MASTER_PORT, EmulatedCluster
 from engine.launch.node_group import node_group_command, node_launch_command
-from engine.launch.rank_watch import RankWatch, Stall
+from engine.drivers.rank_watch import RankWatch, Stall
 from engine.launch.remote import probe_hosts, write_deepspeed_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -129,7 +129,7 @@ def launcher_env(cfg: LaunchConfig, ranks_here: Optional[int] = None, cpus: Opti
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(omp_threads(cfg, ranks_here, cpus))
     env["PYTHONUNBUFFERED"] = "1"
-    env[SUPERVISED_ENV] = "1"  # this process reports the ranks' one-line errors (engine/rank.py)
+    env[SUPERVISED_ENV] = "1"  # this process reports the ranks' one-line errors (engine/rank/entry.py)
     if not torch.cuda.is_available():  # else DeepSpeed warns "Setting accelerator to CPU" in every process
         env.setdefault("DS_ACCELERATOR", "cpu")
     env.setdefault("PYTHONPATH", str(REPO))

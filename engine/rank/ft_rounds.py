@@ -26,7 +26,7 @@ from torchft import Manager, ProcessGroupGloo
 
 from dist_algos.ft_round import RoundAverager
 from engine.ft.config import FTConfig, quorum_size
-from engine.ft.transport import TensorOnlyTransport
+from engine.rank.ft_transport import TensorOnlyTransport
 
 log = logging.getLogger("syncopt")
 #: quorum wait when ft.quorum_timeout_s is null: longer than any period between rounds (torchft

@@ -52,7 +52,7 @@ class Trainer:
     def __init__(self, plan: RunPlan, ctx: DistContext, replica: Optional[Replica] = None) -> None:
         self.plan, self.ctx, cfg = plan, ctx, plan.config
         self.replica = replica  # fault-tolerant mode: this process is one replica (a world of one)
-        self.ft_rounds: Any = None  # engine.ft.rounds.ManagerRounds in fault-tolerant mode
+        self.ft_rounds: Any = None  # engine.rank.ft_rounds.ManagerRounds in fault-tolerant mode
         self._healed = False  # a heal replaced the trainer state: the batch stream must follow it
         plan.run_dir.root.mkdir(parents=True, exist_ok=True)
         self.algo = plan.algo(cfg.algo, ctx)
@@ -257,7 +257,7 @@ class Trainer:
 
     def _attach_ft(self, replica: Replica) -> None:
         """Fault-tolerant mode: the plugin averages through torchft's Manager (engine.ft)."""
-        from engine.ft.rounds import ManagerRounds  # torchft only in this mode
+        from engine.rank.ft_rounds import ManagerRounds  # torchft only in this mode
 
         cfg = self.plan.config
         self.ft_rounds = ManagerRounds(cfg.ft, replica.index, replica.count, replica.host, replica.store_port, replica.lighthouse,

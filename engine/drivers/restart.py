@@ -24,7 +24,7 @@ from typing import Any, Callable
 from core.errors import USER_ERROR_EXIT, UserError
 from core.rundir import RunDir
 from engine.launch.config import Launcher
-from engine.launch.launcher import launch, stall_after_s
+from engine.drivers.launcher import launch, stall_after_s
 from engine.train.faults import ATTEMPT_ENV, FaultLog
 from engine.train.heartbeat import read_step
 
