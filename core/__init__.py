@@ -5,6 +5,8 @@
 - `core.schema`: typed config sections (dataclasses with declared ranges and choices), merged
   from Hydra's nodes and frozen once a run is planned;
 - `core.rundir`: every path inside a run directory;
+- `core.run_files`: the files the launching process and the ranks exchange there (heartbeat
+  steps, the fault log and attempt number, the launch record, the start gate) and their formats;
 - `core.registry`: name -> entry registries (models, data sets, algorithms) built by decorators.
 
 A test (tests/test_import_graph.py) keeps this floor free of imports from data/, models/,

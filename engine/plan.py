@@ -26,8 +26,7 @@ from engine.checkpoint.files import Manifest
 from engine.checkpoint.resume import init_source, resume_candidates
 from engine.config import RunConfig, load_run_config
 from engine.ft.config import check_ft
-from engine.launch.config import Launcher, launch_shape
-from engine.drivers.restart import check_supervision
+from engine.launch.config import Launcher, check_supervision, launch_shape
 from engine.train.faults import parse_faults
 from engine.train.optim import hyper_params, peak_lr, warmup_steps
 
@@ -111,7 +110,7 @@ def preflight(raw: DictConfig, run_dir: RunDir) -> RunPlan:
     if config.launch.launcher == Launcher.none and config.launch.nproc != 1:
         raise UserError(f"launch.launcher=none trains in this one process; set launch.nproc=1 "
                         f"(not {config.launch.nproc}) or pick launch.launcher=deepspeed")
-    check_supervision(config)
+    check_supervision(config.launch, config.faults)
     plan = build_plan(config, run_dir, world, per_node)
     check_buildable(config.model, plan.spec)
     warn_endless_warmup(plan)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from core.run_files import read_step
 from engine.checkpoint import files as ckpt
-from engine.train.heartbeat import read_step
 from tests.harness import free_port, run_ranks, train_in_rank
 from tests.test_cli import CLI, REPO, error_line, run_cli
 

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from core.errors import UserError
+from core.run_files import FaultLog, read_step
 from core.rundir import RunDir
 from engine.drivers.restart import run_with_restarts
-from engine.train.faults import FaultLog, FaultsConfig, fault_summary, mtbf_draw, parse_faults
-from engine.train.heartbeat import read_step
+from engine.train.faults import FaultsConfig, fault_summary, mtbf_draw, parse_faults
 from tests.test_cli import REPO, error_line, run_cli
 from tests.test_faults import newest_complete, start_cli, wait_for
 

@@ -20,8 +20,6 @@ supervisor died): its replicas count as done, so that the job can end.
 """
 from __future__ import annotations
 
-import json
-import os
 import secrets
 import socket
 import time
@@ -29,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from core.errors import UserError
+from core.run_files import go_flag, read_json, read_launch_record, wait_for, write_json_atomic, write_launch_record
 from core.rundir import RunDir
 from engine.launch.config import node_plan_of
 
@@ -96,33 +94,24 @@ def job_end_path(run_dir: RunDir) -> Path:
     return run_dir.logs / "ft_job.json"
 
 
-def _write_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, default=str))
-    tmp.replace(path)
-
-
 def write_node_record(run_dir: RunDir, record: NodeRecord) -> None:
     record.time = time.time()
-    _write_atomic(node_record_path(run_dir, record.node), asdict(record))
+    write_json_atomic(node_record_path(run_dir, record.node), asdict(record))
 
 
 def read_node_record(run_dir: RunDir, node: int) -> Optional[NodeRecord]:
     try:
-        return NodeRecord(**json.loads(node_record_path(run_dir, node).read_text()))
-    except (OSError, ValueError, TypeError):
+        return NodeRecord(**read_json(node_record_path(run_dir, node)))
+    except TypeError:  # not there yet, cut short, or not a node record
         return None
 
 
 def write_job_end(run_dir: RunDir, code: int, ended: str) -> None:
-    _write_atomic(job_end_path(run_dir), {"code": code, "ended": ended, "time": time.time()})
+    write_json_atomic(job_end_path(run_dir), {"code": code, "ended": ended, "time": time.time()})
 
 
 def read_job_end(run_dir: RunDir) -> Optional[dict[str, Any]]:
-    try:
-        return json.loads(job_end_path(run_dir).read_text())
-    except (OSError, ValueError):
-        return None
+    return read_json(job_end_path(run_dir))
 
 
 def join_path(run_dir: RunDir, node: int) -> Path:
@@ -138,51 +127,52 @@ def meet(run_dir: RunDir, layout: NodeLayout, record: dict[str, Any], wait_s: fl
     writes its launch record once every node has joined. A record of an earlier attempt can
     therefore never be taken for this one's (seen: a node that started before node 0 read the
     earlier attempt's 'lighthouse died' and ended at once)."""
-    deadline = time.monotonic() + wait_s
     if layout.node == 0:
-        while True:
-            tokens = {}
+        tokens: dict[str, str] = {}
+
+        def everyone_joined() -> Optional[bool]:
+            tokens.clear()
             for node in range(1, layout.nodes):
-                try:
-                    tokens[str(node)] = json.loads(join_path(run_dir, node).read_text())["token"]
-                except (OSError, ValueError, KeyError):
-                    pass
-            if len(tokens) == layout.nodes - 1:
-                _write_atomic(run_dir.launch_record, {**record, "tokens": tokens, "time": time.time()})
-                return
-            if time.monotonic() > deadline:
-                missing = sorted(set(range(1, layout.nodes)) - {int(k) for k in tokens})
-                raise UserError(f"fault-tolerant mode: node(s) {missing} did not start within launch.node_wait_s="
-                                f"{wait_s:.0f} s; start the same command on every node (launch.node_rank=N), "
-                                "with the run directory on storage they share")
-            time.sleep(0.2)
+                joined = read_json(join_path(run_dir, node))
+                if isinstance(joined, dict) and "token" in joined:
+                    tokens[str(node)] = joined["token"]
+            if len(tokens) < layout.nodes - 1:
+                return None
+            write_launch_record(run_dir, {**record, "tokens": tokens, "time": time.time()})
+            return True
+
+        def missing() -> str:
+            late = sorted(set(range(1, layout.nodes)) - {int(k) for k in tokens})
+            return (f"fault-tolerant mode: node(s) {late} did not start within launch.node_wait_s={wait_s:.0f} s; "
+                    "start the same command on every node (launch.node_rank=N), with the run directory on storage "
+                    "they share")
+
+        wait_for(everyone_joined, wait_s, 0.2, missing)
+        return
     token = secrets.token_hex(8)
-    while True:
+
+    def taken_in() -> Optional[bool]:
         path = join_path(run_dir, layout.node)
-        try:
-            mine = json.loads(path.read_text()).get("token")
-        except (OSError, ValueError):
-            mine = None
-        if mine != token:
-            _write_atomic(path, {"token": token, "node": layout.node})
-        try:
-            seen = json.loads(run_dir.launch_record.read_text())
-            if seen.get("mode") == record["mode"] and seen.get("tokens", {}).get(str(layout.node)) == token:
-                return
-        except (OSError, ValueError):
-            pass
-        if time.monotonic() > deadline:
-            raise UserError(f"fault-tolerant mode: node 0 did not take this node ({layout.node}) into the job within "
-                            f"launch.node_wait_s={wait_s:.0f} s: start node 0 with the same hostfile and "
-                            "launch.master_port, and keep the run directory on storage every node shares")
-        time.sleep(0.2)
+        mine = read_json(path)
+        if not isinstance(mine, dict) or mine.get("token") != token:
+            write_json_atomic(path, {"token": token, "node": layout.node})
+        seen = read_launch_record(run_dir)
+        if isinstance(seen, dict) and seen.get("mode") == record["mode"] \
+                and seen.get("tokens", {}).get(str(layout.node)) == token:
+            return True
+        return None
+
+    wait_for(taken_in, wait_s, 0.2, lambda: (
+        f"fault-tolerant mode: node 0 did not take this node ({layout.node}) into the job within "
+        f"launch.node_wait_s={wait_s:.0f} s: start node 0 with the same hostfile and launch.master_port, and keep "
+        "the run directory on storage every node shares"))
 
 
 def clear_job_files(run_dir: RunDir, nodes: int) -> None:
     """Node 0, before a job (or its resume) starts: the last attempt's go, ready flags, node
     records, job end and stop marker must not be read as this attempt's."""
     logs = run_dir.logs
-    stale = [logs / "ft_go", job_end_path(run_dir), run_dir.stopped, run_dir.root / "ft_ended.json",
+    stale = [go_flag(logs), job_end_path(run_dir), run_dir.stopped, run_dir.root / "ft_ended.json",
              *logs.glob("replica_*.ready")]
     stale += [node_record_path(run_dir, k) for k in range(nodes)] + [join_path(run_dir, k) for k in range(nodes)]
     stale += [run_dir.launch_record]

@@ -26,9 +26,10 @@ import time
 from types import FrameType
 from typing import Optional
 
+from core.run_files import write_launch_record
 from core.rundir import RunDir
 from engine.launch.config import LaunchConfig, node_plan_of
-from engine.drivers.launcher import REPO, _script_args, _write_record, omp_threads
+from engine.drivers.launcher import REPO, _script_args, omp_threads
 from engine.launch.remote import exported_env, probe_hosts
 
 #: what this process sets on the nodes' command lines; a user's value for them is replaced
@@ -49,7 +50,7 @@ def launch_over_ssh(launch: LaunchConfig, run_dir: RunDir, overrides: list[str])
     plan = node_plan_of(launch)
     master_addr = launch.master_addr or plan.hosts[0]
     token = secrets.token_hex(8)  # the hosts prove they share the run directory by reading it back
-    _write_record(run_dir, {"mode": "ft_pdsh", "token": token, "hosts": list(plan.hosts),
+    write_launch_record(run_dir, {"mode": "ft_pdsh", "token": token, "hosts": list(plan.hosts),
                             "launched_from": socket.gethostname(), "time": time.time()})
     reports = probe_hosts(list(plan.hosts), sys.executable, run_dir, token, launch.master_port, launch.ssh_port)
     port = launch.master_port or reports[0].free_port

@@ -25,10 +25,10 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 from core.errors import USER_ERROR_EXIT
+from core.run_files import FaultLog, go_flag, read_step, ready_flag
 from core.rundir import SUPERVISED_ENV, RunDir
 from engine.ft.config import LIGHTHOUSE_ENV, REPLICA_ENV, FTConfig, quorum_size
 from engine.drivers.lighthouse import Lighthouse
@@ -37,8 +37,6 @@ from engine.drivers.ft_nodes import (NodeLayout, NodeRecord, NodeWatch, clear_jo
 from engine.drivers.launcher import REPO, _script_args, free_port, omp_threads
 from engine.launch.config import LaunchConfig
 from engine.drivers.rank_watch import RankWatch
-from engine.train.faults import FaultLog
-from engine.train.heartbeat import read_step
 
 POLL_S = 0.2
 
@@ -179,7 +177,7 @@ class Supervisor:
         """Every replica of the job is ready (its Manager is up) or done."""
         remote = self.nodes.remote_replicas()
         local = {r.index: r for r in self.replicas}
-        return all((self.run_dir.logs / f"replica_{i}.ready").exists()
+        return all(ready_flag(self.run_dir.logs, i).exists()
                    or (local[i].done if i in local else remote.get(i, {}).get("done", False))
                    for i in range(self.count))
 
@@ -203,7 +201,7 @@ class Supervisor:
         return code
 
     def _watch(self, address: str) -> int:
-        go = self.run_dir.logs / "ft_go"
+        go = go_flag(self.run_dir.logs)
         while not all(r.done for r in self.replicas):
             time.sleep(POLL_S)
             if self.layout.multi:

@@ -46,6 +46,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from core.errors import USER_ERROR_EXIT, UserError, report_user_errors
+from core.run_files import wait_for_launch_record, write_launch_record
 from core.rundir import SUPERVISED_ENV, RunDir
 from engine.launch.config import Launcher, LaunchConfig, node_plan_of
 from engine.launch.network import MASTER_PORT, EmulatedCluster
@@ -256,14 +257,6 @@ def _script_args(run_dir: RunDir, overrides: list[str]) -> list[str]:
     return args + [f"hydra.run.dir={run_dir.root}", "hydra.output_subdir=null"]
 
 
-def _write_record(run_dir: RunDir, record: dict[str, Any]) -> None:
-    path = run_dir.launch_record
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(path)
-
-
 def _local_plan(cfg: LaunchConfig, run_dir: RunDir | Path, args: list[str]) -> _Plan:
     if cfg.master_port is not None and port_in_use(cfg.master_port):
         raise UserError(f"launch.master_port={cfg.master_port} is in use on this machine; "
@@ -277,7 +270,7 @@ def _pdsh_plan(cfg: LaunchConfig, run_dir: RunDir | Path, args: list[str]) -> _P
     plan = node_plan_of(cfg)
     token = secrets.token_hex(8)
     master_addr = cfg.master_addr or plan.hosts[0]
-    _write_record(run_dir, {"mode": "pdsh", "token": token, "hosts": list(plan.hosts),
+    write_launch_record(run_dir, {"mode": "pdsh", "token": token, "hosts": list(plan.hosts),
                             "ranks_per_node": plan.ranks_per_node, "master_addr": master_addr,
                             "launched_from": socket.gethostname(), "time": time.time()})
     reports = probe_hosts(list(plan.hosts), sys.executable, run_dir, token, cfg.master_port, cfg.ssh_port)
@@ -302,9 +295,9 @@ def _no_ssh_plan(cfg: LaunchConfig, run_dir: RunDir | Path, args: list[str]) -> 
         if port_in_use(cfg.master_port):
             raise UserError(f"launch.master_port={cfg.master_port} is in use on node 0 "
                             f"({socket.gethostname()}); pick another port (the same on every node)")
-        _write_record(run_dir, {**record, "node": socket.gethostname(), "time": time.time()})
+        write_launch_record(run_dir, {**record, "node": socket.gethostname(), "time": time.time()})
     else:
-        _wait_for_node0(run_dir, record, cfg.node_wait_s)
+        wait_for_launch_record(run_dir, record, cfg.node_wait_s)
     env = launcher_env(cfg, plan.ranks_per_node)
     watch = RankWatch(run_dir, local_ranks=set(plan.ranks_of(cfg.node_rank)))
     return _Plan(multi_node_command(cfg, master_addr, cfg.master_port, args), env, watch)
@@ -319,24 +312,6 @@ def _emulated_plan(cfg: LaunchConfig, run_dir: RunDir, args: list[str], cluster:
             for i in range(cluster.nodes)]
     env = {**launcher_env(cfg, cfg.nproc), **cluster.env()}
     return _Plan(node_group_command(cmds), env, RankWatch(run_dir, local_ranks=set(range(cfg.nproc))))
-
-
-def _wait_for_node0(run_dir: RunDir | Path, expected: dict[str, Any], wait_s: float) -> None:
-    """Wait until node 0's launch record for this job is visible here: the run dir is shared."""
-    path = RunDir.of(run_dir).launch_record
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            seen = json.loads(path.read_text())
-            if all(seen.get(k) == v for k, v in expected.items()):
-                return
-        except (OSError, ValueError):
-            pass
-        if time.monotonic() > deadline:
-            raise UserError(f"launch.no_ssh: node 0 did not write {path} for this job within "
-                            f"{wait_s:.0f} s: start node 0 with the same hostfile, master address and "
-                            "port, and keep the run directory on storage every node shares")
-        time.sleep(0.5)
 
 
 def launch(cfg: LaunchConfig, run_dir: RunDir | Path, overrides: list[str], stall_s: Optional[float] = None,
@@ -366,11 +341,3 @@ def stall_after_s(timeout_s: float) -> float:
     busy in one long call that holds the interpreter (pickling a big checkpoint) is not taken
     for a stopped one."""
     return max(10.0, timeout_s / 2)
-
-
-def stopped_message(run_dir: RunDir | Path) -> Optional[str]:
-    marker = RunDir.of(run_dir).stopped
-    if marker.exists():
-        reason = json.loads(marker.read_text()).get("reason")
-        return f"stopped early ({reason}) with a checkpoint; run the same command to continue"
-    return None

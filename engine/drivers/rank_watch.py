@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from core.run_files import read_step
 from core.rundir import USER_ERROR_PREFIX, RunDir
 from engine.launch.procs import alive, stopped
 from engine.launch.remote import catches, signal_remote
-from engine.train.heartbeat import read_step
 
 
 @dataclass(frozen=True)

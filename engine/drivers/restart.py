@@ -11,7 +11,7 @@ Not retried: success, a refused run (exit code 2: bad input stays bad), and a jo
 stopped (a stop signal). Before each retry the previous attempt's rank files (logs, errors,
 exit codes, heartbeats) and metrics are moved to `logs/attempt_<k>/`, so no attempt overwrites
 what an earlier one wrote. Each attempt and each failure is appended to the fault log
-(engine.train.faults.FaultLog), from which the reporting rank writes summary.json's counts.
+(core.run_files.FaultLog), from which the reporting rank writes summary.json's counts.
 """
 from __future__ import annotations
 
@@ -21,12 +21,10 @@ import sys
 import time
 from typing import Any, Callable
 
-from core.errors import USER_ERROR_EXIT, UserError
+from core.errors import USER_ERROR_EXIT
+from core.run_files import ATTEMPT_ENV, FaultLog, read_step
 from core.rundir import RunDir
-from engine.launch.config import Launcher
 from engine.drivers.launcher import launch, stall_after_s
-from engine.train.faults import ATTEMPT_ENV, FaultLog
-from engine.train.heartbeat import read_step
 
 #: launch one attempt: (attempt number, the list a stop signal's number is appended to) -> exit code
 LaunchAttempt = Callable[[int, list[int]], int]
@@ -102,17 +100,3 @@ def launch_with_restarts(plan: Any, run_dir: RunDir, overrides: list[str]) -> in
         return attempt(0, [])
     return run_with_restarts(attempt, run_dir, cfg.launch.max_restarts, cfg.faults.restart_delay_s,
                              fresh=not plan.resume_from)
-
-
-def check_supervision(config: Any) -> None:
-    """Faults and restarts need a launching process that outlives the ranks, and one only:
-    refused in one line where there is none (launch.launcher=none) or one per node (no_ssh)."""
-    launch_cfg, faults = config.launch, config.faults
-    if launch_cfg.launcher == Launcher.none and (faults.active or launch_cfg.max_restarts):
-        what = "faults.*" if faults.active else f"launch.max_restarts={launch_cfg.max_restarts}"
-        raise UserError(f"{what} needs launched ranks (a killed rank would take this process with it); "
-                        "use launch.launcher=deepspeed or torchrun")
-    if launch_cfg.no_ssh and launch_cfg.max_restarts:
-        raise UserError(f"launch.max_restarts={launch_cfg.max_restarts} cannot be combined with launch.no_ssh=true "
-                        "(every node has its own launching process); requeue the job instead (SLURM --requeue), "
-                        "it resumes from its last checkpoint")

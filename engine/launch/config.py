@@ -170,3 +170,17 @@ def node_plan_of(launch: LaunchConfig) -> NodePlan:
         raise UserError(f"launch.node_rank={launch.node_rank} but launch.hostfile={launch.hostfile} "
                         f"gives {plan.num_nodes} nodes (node ranks 0..{plan.num_nodes - 1})")
     return plan
+
+
+def check_supervision(launch_cfg: LaunchConfig, faults: Any) -> None:
+    """Faults and restarts need a launching process that outlives the ranks, and one only:
+    refused in one line where there is none (launch.launcher=none) or one per node (no_ssh).
+    `faults`: the `faults` section (engine/train/faults.py), read for whether any is active."""
+    if launch_cfg.launcher == Launcher.none and (faults.active or launch_cfg.max_restarts):
+        what = "faults.*" if faults.active else f"launch.max_restarts={launch_cfg.max_restarts}"
+        raise UserError(f"{what} needs launched ranks (a killed rank would take this process with it); "
+                        "use launch.launcher=deepspeed or torchrun")
+    if launch_cfg.no_ssh and launch_cfg.max_restarts:
+        raise UserError(f"launch.max_restarts={launch_cfg.max_restarts} cannot be combined with launch.no_ssh=true "
+                        "(every node has its own launching process); requeue the job instead (SLURM --requeue), "
+                        "it resumes from its last checkpoint")

@@ -24,6 +24,7 @@ import torch
 import torchft.manager as tft_manager
 from torchft import Manager, ProcessGroupGloo
 
+from core.run_files import go_flag, ready_flag, wait_for
 from dist_algos.ft_round import RoundAverager
 from engine.ft.config import FTConfig, quorum_size
 from engine.rank.ft_transport import TensorOnlyTransport
@@ -73,10 +74,9 @@ def wait_at_start_gate(logs: Path, replica: int, timeout_s: float) -> None:
     without the late ones, who would then heal at once. Each says it is ready (its Manager is up
     and heartbeating, so the lighthouse waits for it) and waits for the supervisor's go, given
     when all are ready. A replacement finds the go already there."""
-    (logs / f"replica_{replica}.ready").write_text("ready\n")
-    go, deadline = logs / "ft_go", time.monotonic() + timeout_s
-    while not go.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    ready_flag(logs, replica).write_text("ready\n")
+    go = go_flag(logs)
+    wait_for(lambda: True if go.exists() else None, timeout_s, 0.05, None)  # past it: go on, the quorum waits
 
 
 def model_digest(model_state: dict[str, torch.Tensor]) -> str:

@@ -15,14 +15,13 @@ sees a frozen rank today (engine/drivers/rank_watch.py).
   reboot or a scheduler's requeue), read by engine/drivers/restart.py.
 
 A fault fires once per run, not again when a restart replays its step: before it fires, the rank
-appends an event to the run's fault log (`logs/faults.jsonl`, `FaultLog`), and every rank reads
-that log when it starts. The launching process appends its own events to the same log (each
+appends an event to the run's fault log (`logs/faults.jsonl`, `FaultLog` in core/run_files.py),
+and every rank reads that log when it starts. The launching process appends its own events to the same log (each
 attempt, each failure), and the reporting rank turns them into summary.json's numbers
 (`fault_summary`): failures, restarts, steps and replica-steps lost, time to recover.
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -30,14 +29,12 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 from core.errors import UserError
+from core.run_files import FaultLog, current_attempt
 from core.rundir import RunDir
 from core.schema import Section, option
-
-ATTEMPT_ENV = "SYNCOPT_ATTEMPT"  # the launching process's attempt number, for the ranks' events
 
 _KILL = re.compile(r"^\s*(\d+)\s*@\s*(\d+)\s*$")
 _STALL = re.compile(r"^\s*(\d+)\s*@\s*(\d+)\s*:\s*(\d+(?:\.\d+)?)\s*$")
@@ -108,50 +105,6 @@ def mtbf_draw(seed: int, mtbf_s: float, world_size: int, index: int) -> tuple[fl
     for _ in range(index + 1):
         gap, rank = rng.expovariate(1.0 / mtbf_s), rng.randrange(world_size)
     return gap, rank
-
-
-# ---- the run's fault log -------------------------------------------------------------------------
-
-class FaultLog:
-    """`logs/faults.jsonl`: one JSON event per line, appended by the ranks (kill, stall, resume)
-    and by the launching process (attempt, failure). Appends of one short line are atomic on a
-    local or NFS file opened with O_APPEND; each is flushed and synced before a kill follows it."""
-
-    def __init__(self, run_dir: RunDir | Path) -> None:
-        self.path = RunDir.of(run_dir).faults_log
-
-    def events(self) -> list[dict[str, Any]]:
-        try:
-            lines = self.path.read_text().splitlines()
-        except OSError:
-            return []
-        out = []
-        for line in lines:
-            try:
-                out.append(json.loads(line))
-            except ValueError:  # a line cut short by a kill of the writer: not an event
-                continue
-        return out
-
-    def append(self, event: dict[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({**event, "time": event.get("time", time.time())}) + "\n"
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def reset(self) -> None:
-        self.path.unlink(missing_ok=True)
-
-
-def current_attempt() -> int:
-    try:
-        return int(os.environ.get(ATTEMPT_ENV, "0"))
-    except ValueError:
-        return 0
 
 
 # ---- the rank's component ------------------------------------------------------------------------

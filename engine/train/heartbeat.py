@@ -2,18 +2,18 @@
 
 A rank that stops responding (SIGSTOP, swapped out, a hung driver) blocks its peers inside a
 collective until `dist.timeout_s`, after which every survivor fails with a timeout that names
-nobody. The launching process reads these files (engine/drivers/rank_watch.py): a rank whose file
-stops changing while its process is still there is the one that stopped, and the file says at
-which step. The beat comes from a thread, not the training loop, so a long evaluation, a slow
+nobody. The launching process reads these files (engine/drivers/rank_watch.py; their format is
+core/run_files.py's): a rank whose file stops changing while its process is still there is the
+one that stopped, and the file says at which step. The beat comes from a thread, not the training loop, so a long evaluation, a slow
 data set or a big checkpoint is not mistaken for a stall; a stopped process stops every thread.
 """
 from __future__ import annotations
 
-import os
 import threading
-import time
 from pathlib import Path
 from typing import Any, Optional
+
+from core.run_files import write_step
 
 BEAT_S = 2.0  # seconds between beats; the watcher allows many missed beats before it acts
 
@@ -33,11 +33,8 @@ class Heartbeat:
         return self
 
     def _beat(self) -> None:
-        step = getattr(self.state, "step", -1)
-        tmp = self.path.with_name(self.path.name + ".tmp")
         try:
-            tmp.write_text(f"{step} {time.time():.3f}\n")
-            os.replace(tmp, self.path)
+            write_step(self.path, getattr(self.state, "step", -1))
         except OSError:  # a full or vanished disk must not kill training; the watcher will see it
             pass
 
@@ -49,11 +46,3 @@ class Heartbeat:
         self._stop.set()
         self.path.unlink(missing_ok=True)
 
-
-def read_step(path: Path) -> Optional[int]:
-    """The step a progress file last reported (None: unreadable, or before the first step)."""
-    try:
-        step = int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return step if step >= 0 else None
