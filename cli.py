@@ -29,16 +29,16 @@ from core.errors import USER_ERROR_EXIT, UserError, report_user_errors
 from core.run_files import stopped_message
 from core.rundir import RunDir
 from core.schema import config_error_line
-from engine.rank import entry
 from engine.config import register_schemas
 from engine.drivers.ft_over_ssh import launch_over_ssh
 from engine.drivers.ft_supervisor import supervise
-from engine.launch.config import Launcher
 from engine.drivers.launcher import stall_after_s
 from engine.drivers.restart import launch_with_restarts
 from engine.drivers.run_lock import RunLock
-from engine.plan import RunPlan, preflight
 from engine.drivers.table_runner import run_table
+from engine.launch.config import Launcher
+from engine.plan import RunPlan, preflight
+from engine.rank import entry
 from engine.usage import usage_text
 
 register_schemas()

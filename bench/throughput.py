@@ -51,8 +51,8 @@ from core.spec import DataSpec  # noqa: E402
 from data import DATASETS, DataRequest, build_data  # noqa: E402
 from engine.config import load_run_config, register_schemas  # noqa: E402
 from engine.plan import build_plan  # noqa: E402
-from engine.report.metrics import read_metrics  # noqa: E402
 from engine.rank.trainer import Trainer  # noqa: E402
+from engine.report.metrics import read_metrics  # noqa: E402
 from models import build_model  # noqa: E402
 
 PIPELINES = ("torchvision", "device")

@@ -167,7 +167,7 @@ def _replica(index: int, lighthouse: str, out: str, dies: bool) -> None:
 
     from engine.ft.config import FTConfig
     from engine.rank.ft_rounds import ManagerRounds
-    from engine.drivers.ft_supervisor import free_port
+    from engine.launch.commands import free_port
 
     port = free_port()
     store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)  # noqa: F841 (kept alive)

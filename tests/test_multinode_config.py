@@ -15,7 +15,10 @@ import pytest
 
 from core.errors import UserError
 from core.run_files import wait_for_launch_record as _wait_for_node0
-from engine.drivers.launcher import RankWatch, _no_ssh_plan, multi_node_command, run_launcher
+from engine.drivers.launch_plans import no_ssh_plan as _no_ssh_plan
+from engine.drivers.launcher import run_launcher
+from engine.drivers.rank_watch import RankWatch
+from engine.launch.commands import multi_node_command
 from engine.launch.config import load_launch_config
 from engine.launch.hostfile import node_plan, read_hostfile, select_hosts
 from engine.launch.remote import exported_env, probe_hosts, write_deepspeed_env

@@ -28,8 +28,8 @@ from typing import Optional
 
 from core.run_files import write_launch_record
 from core.rundir import RunDir
+from engine.launch.commands import REPO, omp_threads, script_args
 from engine.launch.config import LaunchConfig, node_plan_of
-from engine.drivers.launcher import REPO, _script_args, omp_threads
 from engine.launch.remote import exported_env, probe_hosts
 
 #: what this process sets on the nodes' command lines; a user's value for them is replaced
@@ -38,7 +38,7 @@ NODE_KEYS = ("launch.no_ssh=", "launch.node_rank=", "launch.master_addr=", "laun
 
 def node_command(run_dir: RunDir, overrides: list[str], master_addr: str, port: int, env: dict[str, str]) -> str:
     """The shell command every node runs (pdsh replaces %n with the node's rank)."""
-    args = [o for o in _script_args(run_dir, overrides) if not o.startswith(NODE_KEYS)]
+    args = [o for o in script_args(run_dir, overrides) if not o.startswith(NODE_KEYS)]
     cmd = [sys.executable, str(REPO / "cli.py"), *args, "launch.no_ssh=true", "launch.node_rank=%n",
            f"launch.master_addr={master_addr}", f"launch.master_port={port}"]
     exports = [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())]

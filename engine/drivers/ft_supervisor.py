@@ -30,13 +30,13 @@ from typing import Any, Optional
 from core.errors import USER_ERROR_EXIT
 from core.run_files import FaultLog, go_flag, read_step, ready_flag
 from core.rundir import SUPERVISED_ENV, RunDir
-from engine.ft.config import LIGHTHOUSE_ENV, REPLICA_ENV, FTConfig, quorum_size
+from engine.drivers.ft_nodes import (NodeLayout, NodeRecord, NodeWatch, clear_job_files, layout_of, meet,
+                                     read_job_end, read_node_record, write_job_end, write_node_record)
 from engine.drivers.lighthouse import Lighthouse
-from engine.drivers.ft_nodes import (NodeLayout, NodeRecord, NodeWatch, clear_job_files, layout_of, meet, read_job_end,
-                             read_node_record, write_job_end, write_node_record)
-from engine.drivers.launcher import REPO, _script_args, free_port, omp_threads
-from engine.launch.config import LaunchConfig
 from engine.drivers.rank_watch import RankWatch
+from engine.ft.config import LIGHTHOUSE_ENV, REPLICA_ENV, FTConfig, quorum_size
+from engine.launch.commands import REPO, free_port, omp_threads, script_args
+from engine.launch.config import LaunchConfig
 
 POLL_S = 0.2
 
@@ -73,7 +73,7 @@ class Supervisor:
                  stall_s: float = 30.0) -> None:
         self.ft, self.launch, self.run_dir, self.stall_s = ft, launch, run_dir, stall_s
         self.layout, self.count, self.host = layout, layout.count, layout.host
-        self.cmd = [sys.executable, str(REPO / "cli.py"), *_script_args(run_dir, overrides)]
+        self.cmd = [sys.executable, str(REPO / "cli.py"), *script_args(run_dir, overrides)]
         self.replicas = [ReplicaProcess(i) for i in layout.indices]  # this node's
         self.lighthouse: Optional[Lighthouse] = None
         self.failures: list[dict[str, Any]] = []

@@ -17,7 +17,7 @@ from typing import Optional
 
 from core.errors import UserError
 from engine.ft.config import FTConfig
-from engine.drivers.launcher import free_port, port_in_use
+from engine.launch.commands import free_port, port_in_use
 
 
 def lighthouse_binary() -> str:

@@ -1,0 +1,116 @@
+"""The launch commands: what the launching process's drivers (engine/drivers/: the launcher, the
+fault-tolerant supervisor, its launch over ssh, the lighthouse) build and start.
+
+- ports: a free port to listen on, and whether a given one is taken (`free_port`, `port_in_use`);
+- thread settings: the cores this process may use and the OMP threads per rank (DeepSpeed sets
+  none on the CPU), and the environment every launched rank gets (`cores`, `omp_threads`,
+  `launcher_env`);
+- command lines: cli.py's arguments for a launched process (`script_args`), DeepSpeed's (or
+  torchrun's) single-machine launch (`launcher_command`) and its multi-node runner
+  (`multi_node_command`).
+
+Nothing here starts a process or watches one; that is engine/drivers/launcher.py's loop.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from core.rundir import SUPERVISED_ENV, RunDir
+from engine.launch.config import Launcher, LaunchConfig
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port(addr: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((addr if addr not in ("localhost",) else "127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(port: int) -> bool:
+    """Whether a TCP port cannot be bound on this machine (any address), as the TCP store would."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            return True
+    return False
+
+
+def cores() -> int:
+    """Cores this process may run on (SLURM's and taskset's limits included)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def omp_threads(cfg: LaunchConfig, ranks_here: Optional[int] = None, cpus: Optional[int] = None) -> int:
+    """Threads per rank: launch.omp_threads, else the node's cores divided among its ranks."""
+    if cfg.omp_threads:
+        return cfg.omp_threads
+    return max(1, (cpus or cores()) // (ranks_here or cfg.nproc or 1))
+
+
+def launcher_command(cfg: LaunchConfig, port: int, script_args: list[str]) -> list[str]:
+    """The single-machine command (launch.nproc ranks on localhost)."""
+    script = str(REPO / "cli.py")
+    if cfg.launcher == Launcher.torchrun:
+        return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={cfg.nproc}",
+                f"--master_addr={cfg.master_addr}", f"--master_port={port}", script, *script_args]
+    # DeepSpeed's per-node launcher, which its runner would exec for one machine anyway: going
+    # straight to it saves the runner's Python start-up and DeepSpeed import (seconds on a small
+    # machine) and its "Unable to find hostfile" warning.
+    world = base64.urlsafe_b64encode(json.dumps({"localhost": list(range(cfg.nproc or 1))}).encode()).decode()
+    return [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world}",
+            f"--master_addr={cfg.master_addr}", f"--master_port={port}", "--no_local_rank",
+            f"--log_level={cfg.log_level}", script, *script_args]
+
+
+def multi_node_command(cfg: LaunchConfig, master_addr: str, port: int, script_args: list[str]) -> list[str]:
+    """DeepSpeed's multi-node runner on the hostfile: over pdsh, or this node's part (no_ssh).
+
+    `--no_ssh_check`: the hosts were checked already, with the ssh options pdsh uses (DeepSpeed's
+    own check ignores them and looks at the first host only). `--force_multi`: a hostfile with
+    one host still runs on that host, not on this machine.
+    """
+    cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.runner", "--no_local_rank",
+           "--log_level", str(cfg.log_level), "--hostfile", str(Path(cfg.hostfile).resolve()),
+           "--master_addr", master_addr, "--master_port", str(port)]
+    for key in ("include", "exclude", "num_nodes"):
+        if getattr(cfg, key) is not None:
+            cmd += [f"--{key}", str(getattr(cfg, key))]
+    if cfg.no_ssh:
+        cmd += ["--no_ssh", "--node_rank", str(cfg.node_rank)]
+    else:
+        cmd += ["--no_ssh_check", "--force_multi"]
+        if cfg.ssh_port is not None:
+            cmd += ["--ssh_port", str(cfg.ssh_port)]
+    return cmd + [str(REPO / "cli.py"), *script_args]
+
+
+def launcher_env(cfg: LaunchConfig, ranks_here: Optional[int] = None, cpus: Optional[int] = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = str(omp_threads(cfg, ranks_here, cpus))
+    env["PYTHONUNBUFFERED"] = "1"
+    env[SUPERVISED_ENV] = "1"  # this process reports the ranks' one-line errors (engine/rank/entry.py)
+    if not torch.cuda.is_available():  # else DeepSpeed warns "Setting accelerator to CPU" in every process
+        env.setdefault("DS_ACCELERATOR", "cpu")
+    env.setdefault("PYTHONPATH", str(REPO))
+    return env
+
+
+def script_args(run_dir: RunDir, overrides: list[str]) -> list[str]:
+    """cli.py's arguments for the processes a launch starts: the user's overrides, with the run
+    directory this process resolved (every rank and replica writes into that one)."""
+    args = [o for o in overrides if not o.startswith(("hydra.run.dir=", "hydra.output_subdir="))]
+    return args + [f"hydra.run.dir={run_dir.root}", "hydra.output_subdir=null"]
