@@ -6,6 +6,10 @@ below); `cli.py` and `bench/` on top. The graph is read with `ast` from every mo
 inside functions included (an import hidden in a function to dodge a cycle is still an edge).
 An import of the project's own module inside a function is allowed only where it defers a heavy
 optional dependency: the imported module itself imports one of HEAVY_OPTIONAL at its top.
+
+Inside a package the same holds one level down (INNER_FLOORS): its modules, grouped by prefix,
+stand on floors of their own, none imports up, and groups named apart (INNER_APART) never import
+each other though they share a floor. No module imports another's `_private` name.
 """
 from __future__ import annotations
 
@@ -19,6 +23,26 @@ REPO = Path(__file__).resolve().parent.parent
 FLOORS = {"core": 0, "data": 1, "models": 1, "dist_algos": 1, "engine": 2, "cli": 3, "bench": 3}
 #: packages too heavy, or too rarely needed, to import before they are chosen
 HEAVY_OPTIONAL = ("ffcv", "nvidia.dali", "wandb", "matplotlib", "submitit", "deepspeed", "numba", "torchft")
+#: the floors inside a package, from the ground up: each a group of module prefixes (a module
+#: belongs to its longest matching prefix); a module imports its own floor or lower ones
+INNER_FLOORS: dict[str, list[tuple[str, ...]]] = {
+    "engine": [
+        # the parts and their config sections: checkpoint format, reports, the trainer's
+        # components, what launching needs (section, hostfile, network, commands), the `ft`
+        # section, tables, usage
+        ("engine.checkpoint", "engine.report", "engine.train", "engine.launch", "engine.ft", "engine.tables",
+         "engine.usage"),
+        ("engine.config",),  # the run's sections together
+        ("engine.plan",),  # what is decided before training
+        ("engine.rank", "engine.drivers"),  # inside a rank | in the launching process
+    ],
+}
+#: groups on one floor of a package that never import each other (they meet in the run directory)
+INNER_APART: dict[str, list[tuple[str, str]]] = {
+    "engine": [("engine.rank", "engine.drivers")],
+}
+#: `from x import _name` still in the tree, each to be removed by the issue that owns it
+KNOWN_PRIVATE_IMPORTS = {("dist_algos.compressors", "_topk_indices")}  # issue 32's dist_algos/ half
 
 
 @dataclass(frozen=True)
@@ -164,3 +188,108 @@ def test_in_function_imports_only_defer_heavy_optional_dependencies() -> None:
 def test_lower_floors_import_no_runner(module: str) -> None:
     edges, _ = graph()
     assert not [e for e in edges if e.source.split(".")[0] == module and floor(e.target) >= 2]
+
+
+# ---- floors inside a package --------------------------------------------------------------------
+
+def inner_group(module: str, groups: list[tuple[str, ...]]) -> tuple[int, str] | None:
+    """(floor, prefix) of the longest prefix that `module` falls under; None when none does."""
+    found = [(len(p), i, p) for i, floor_ in enumerate(groups) for p in floor_
+             if module == p or module.startswith(p + ".")]
+    if not found:
+        return None
+    _, index, prefix = max(found)
+    return index, prefix
+
+
+def inner_violations(edges: list[Edge], package: str, groups: list[tuple[str, ...]],
+                     apart: list[tuple[str, str]]) -> list[str]:
+    """Every edge inside `package` that runs up its floors, or between two groups kept apart."""
+    wrong = []
+    for e in edges:
+        if e.source.split(".")[0] != package or e.target.split(".")[0] != package:
+            continue
+        src, dst = inner_group(e.source, groups), inner_group(e.target, groups)
+        if src is None or dst is None:
+            continue  # the package itself, or a module no floor names (test_every_module_has_an_inner_floor)
+        if dst[0] > src[0]:
+            wrong.append(f"{e.source}:{e.line} imports {e.target}, a floor up ({src[1]} is on floor {src[0]}, "
+                         f"{dst[1]} on floor {dst[0]})")
+        elif {src[1], dst[1]} in [set(pair) for pair in apart] and src[1] != dst[1]:
+            wrong.append(f"{e.source}:{e.line} imports {e.target}: {src[1]} and {dst[1]} are kept apart")
+    return wrong
+
+
+@pytest.mark.parametrize("package", sorted(INNER_FLOORS))
+def test_no_import_runs_up_a_floor_inside_a_package(package: str) -> None:
+    edges, _ = graph()
+    wrong = inner_violations(edges, package, INNER_FLOORS[package], INNER_APART.get(package, []))
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("package", sorted(INNER_FLOORS))
+def test_every_module_has_an_inner_floor(package: str) -> None:
+    """A new folder or module inside the package is placed on a floor, not silently unchecked."""
+    groups = INNER_FLOORS[package]
+    unplaced = [m for m in project_modules() if m.split(".")[0] == package and m != package
+                and inner_group(m, groups) is None]
+    assert not unplaced, f"place these in INNER_FLOORS[{package!r}]: {', '.join(sorted(unplaced))}"
+
+
+def test_a_planted_upward_import_is_caught(tmp_path: Path) -> None:
+    """A component that imports the plan, a plan that imports a driver, and a driver that imports
+    the rank's code: each read from a planted module file, each reported."""
+    modules = project_modules()
+    planted = {"engine.train.planted": "from engine.plan import RunPlan\n",
+               "engine.plan_planted": "from engine.drivers.launcher import launch\n",
+               "engine.drivers.planted": "def f():\n    from engine.rank.trainer import Trainer\n"}
+    edges: list[Edge] = []
+    for name, text in planted.items():
+        path = tmp_path / (name.replace(".", "_") + ".py")
+        path.write_text(text)
+        edges += edges_of(name, path, {**modules, name: path})[0]
+    groups = [*INNER_FLOORS["engine"][:2], ("engine.plan", "engine.plan_planted"), *INNER_FLOORS["engine"][3:]]
+    wrong = inner_violations(edges, "engine", groups, INNER_APART["engine"])
+    assert len(wrong) == 3, wrong
+    assert "engine.train.planted:1 imports engine.plan, a floor up" in wrong[0]
+    assert "engine.plan_planted:1 imports engine.drivers" in wrong[1]
+    assert "engine.drivers.planted:2 imports engine.rank.trainer: engine.drivers and engine.rank are kept apart" \
+        in wrong[2]
+    # and nothing where the imports run down
+    down = [Edge("engine.plan", "engine.train.optim", 1, False), Edge("engine.rank.trainer", "engine.plan", 1, False)]
+    assert inner_violations(down, "engine", INNER_FLOORS["engine"], INNER_APART["engine"]) == []
+
+
+# ---- private names ------------------------------------------------------------------------------
+
+def private_imports(modules: dict[str, Path]) -> set[tuple[str, str]]:
+    """(importing module, name) for every `from x import _name` where x is a project module."""
+    found = set()
+    for source, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(node, ast.ImportFrom) or node.module == "__future__":
+                continue
+            base = _imported_names(node, source, path.name == "__init__.py")[0]
+            if _resolve(base, modules) is None:
+                continue
+            found |= {(source, a.name) for a in node.names if a.name.startswith("_") and not a.name.startswith("__")}
+    return found
+
+
+def test_no_module_imports_another_modules_private_name() -> None:
+    """A `_name` is its module's own; what another module needs is made public where it lives."""
+    found = private_imports(project_modules())
+    new = sorted(found - KNOWN_PRIVATE_IMPORTS)
+    assert not new, "\n".join(f"{m} imports {n}: make it public where it lives" for m, n in new)
+    gone = sorted(KNOWN_PRIVATE_IMPORTS - found)
+    assert not gone, f"no longer imported, remove from KNOWN_PRIVATE_IMPORTS: {gone}"
+
+
+def test_a_planted_private_import_is_caught(tmp_path: Path) -> None:
+    modules = project_modules()
+    path = tmp_path / "planted.py"
+    path.write_text("from engine.launch.commands import REPO, free_port\nfrom os.path import _joinrealpath\n"
+                    "from engine.drivers.launch_plans import LaunchPlan as _Plan\n"
+                    "from engine.drivers.launcher import _job_manager_signal\n")
+    assert private_imports({**modules, "engine.planted": path}) - private_imports(modules) == \
+        {("engine.planted", "_job_manager_signal")}
