@@ -143,7 +143,7 @@ def plan_in_rank(overrides: list[str], run_dir: str) -> Any:
 
 def train_in_rank(rank: int, world_size: int, overrides: list[str], run_dir: str) -> Any:
     """Run the real trainer on this rank; returns the summary (reporting rank) or None."""
-    from engine.rank.trainer import train_rank
+    from engine.rank.entry import train_rank
 
     plan, ctx = plan_in_rank(overrides, run_dir)
     return train_rank(plan, ctx)

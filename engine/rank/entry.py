@@ -19,14 +19,14 @@ from typing import Any, NoReturn, Optional
 import torch
 import torch.distributed as dist
 
-from core.distenv import init_distributed, shutdown_distributed
+from core.distenv import DistContext, init_distributed, shutdown_distributed
 from core.errors import USER_ERROR_EXIT, UserError
 from core.rundir import SUPERVISED_ENV, USER_ERROR_PREFIX, RunDir
 from engine.config import load_run_config
 from engine.ft.config import Replica
-from engine.plan import build_plan
+from engine.plan import RunPlan, build_plan
+from engine.rank.trainer import Trainer
 from engine.train.heartbeat import Heartbeat
-from engine.rank.trainer import train_rank
 
 
 def setup_logging(run_dir: RunDir, rank: int, console: bool) -> None:
@@ -97,6 +97,16 @@ def main(raw_cfg: Any, run_dir: str) -> int:
     finally:
         if beat is not None:
             beat.stop()
+
+
+def train_rank(plan: RunPlan, ctx: DistContext, heartbeat: Optional[Heartbeat] = None,
+               replica: Optional[Replica] = None) -> Optional[dict[str, Any]]:
+    """Train this rank's part of the planned run; the summary on the reporting rank."""
+    torch.manual_seed(plan.config.seed)
+    trainer = Trainer(plan, ctx, replica)
+    if heartbeat is not None:
+        heartbeat.state = trainer.state  # the step it reports
+    return trainer.run()
 
 
 def _leave_error(rundir: RunDir, rank: int, line: str) -> bool:

@@ -3,8 +3,8 @@
 One Manager per replica (a replica group of one rank). Rounds are synchronous (`use_async_quorum`
 off): the quorum is taken where the plugin synchronises, and a replica that is behind (a
 replacement, or one restarted from an older checkpoint) heals right there from a live peer's
-whole state (`Trainer.capture`), which the trainer loads between the quorum and the all_reduce
-(`on_heal`). `init_sync` is off: every replica starts from the same seeded model (or its own
+whole state (the trainer's `RankState.capture`), which the trainer loads between the quorum and
+the all_reduce (`on_heal`). `init_sync` is off: every replica starts from the same seeded model (or its own
 checkpoint), so equal steps need no healing. The Manager's server, its healing transport and the
 lighthouse listen on the host the replicas' process groups use (`host`), not on every interface.
 Every round is recorded: step, participants, committed, healed.

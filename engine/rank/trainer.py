@@ -6,45 +6,42 @@ communicates and applies the update as its algorithm says. At fixed points it ha
 components, which read the shared `TrainState`: after a step the report, the evaluator, the
 checkpointer and the stop agreement; at the end the plugin's finalize, the final evaluation and
 checkpoint, and the summary. Every rank (servers included) passes the same points at the same
-steps. See `dist_algos.base` for the plugin contract and `engine.plan` for what is decided before.
+steps. What decides the rank's future is declared once (`self.saved`, engine/train/stateful.py),
+for the checkpoint, resume and fault-tolerant healing alike. See `dist_algos.base` for the
+plugin contract and `engine.plan` for what is decided before.
 """
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterator
 from typing import Any, Optional
 
 import torch
-import torch.distributed as dist
 
 from core.distenv import DistContext
-from core.errors import UserError
-from data import DataRequest, build_streams
+from data import build_streams
 from dist_algos.base import Role, StepContext, TrainInfo
-from engine.checkpoint.collective import agree_on_checkpoint
-from engine.checkpoint.files import Manifest, load_rank_file
 from engine.ft.config import Replica
 from engine.plan import RunPlan
-from engine.report.run_report import RunFacts, RunReport
+from engine.rank.facts import run_facts
+from engine.rank.rank_data import agree_steps_per_epoch, data_request, reestimation_batches
+from engine.rank.restore import restore_or_start
+from engine.report.run_report import RunReport
 from engine.report.summary import gather_summary
-from engine.report.utilisation import peak_flops
 from engine.train.checkpointer import Checkpointer
 from engine.train.clock import TrainClock
-from engine.train.compute import plain_state_dict, prepare_model
+from engine.train.compute import prepare_model
 from engine.train.evaluation import Evaluator
 from engine.train.faults import FaultInjector, fault_summary
-from engine.train.heartbeat import Heartbeat
 from engine.train.imbalance import ImbalanceInjector
 from engine.train.optim import Schedule, build_optimizer
-from engine.train.rng import capture_rng, restore_rng, seed_everything
+from engine.train.rng import seed_everything
 from engine.train.state import TrainState
+from engine.train.stateful import ModelState, Part, RankState, RngState
 from engine.train.step import LocalStep
 from engine.train.stop import Budget, StopAgreement
 from models import build_model
-from models.flops import train_flops_per_sample
 
-log = logging.getLogger("syncopt")
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
@@ -67,7 +64,7 @@ class Trainer:
         self.model = build_model(cfg.model, plan.spec).to(ctx.device)
         self.compute = prepare_model(self.model, cfg.train.channels_last, cfg.train.compile,
                                      cfg.train.compile_backend, ctx.is_cuda)
-        self.steps_per_epoch = self._agree_steps_per_epoch()
+        self.steps_per_epoch = agree_steps_per_epoch(self.train_stream, plan.layout.train[0])
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * self.steps_per_epoch
         self.optimizer = build_optimizer(self.model, cfg.optim, plan.hyper.peak_lr)
         self.schedule = Schedule(cfg.sched, plan.hyper.peak_lr, self.total_steps, self.steps_per_epoch)
@@ -78,80 +75,34 @@ class Trainer:
         self.faults = FaultInjector(cfg.faults, replica.index if replica else ctx.rank,
                                     replica.count if replica else ctx.world_size, plan.run_dir)
         self.state = TrainState()
+        # what decides this rank's future, in load order (engine/train/stateful.py): the checkpoint,
+        # resume and healing read this one declaration
+        self.saved = RankState({"model": Part(ModelState(self.model), before_setup=True),
+                                "optimizer": Part(self.optimizer, before_setup=True),
+                                "scaler": Part(self.local.scaler, before_setup=True),
+                                "algo": Part(self.algo), "comm": Part(self.algo.comm),
+                                "imbalance": Part(self.imbalance), "trainer": Part(self.state),
+                                "rng": Part(RngState(), heals=False)})
         self.clock = TrainClock(ctx.device, self.state, cfg.train.log_every_steps)
         self.checkpointer = Checkpointer(cfg.checkpoint, plan.run_dir, ctx, cfg.algo.name, plan.resume_keys,
-                                         self.capture, self.total_steps)
+                                         self.saved.capture, self.total_steps)
         self.evaluator = Evaluator(cfg.train, self.best_metric, self.total_steps, self.algo, self.model,
                                    ctx, ctx.rank in plan.layout.evaluate, self.eval_stream, self.local.forward,
                                    plan.spec.num_classes, quiesce=plan.num_train_ranks < ctx.world_size,
                                    val_stream=self.val_stream)
         self.report: Optional[RunReport] = None
 
-    def _agree_steps_per_epoch(self) -> int:
-        """The training ranks' steps per epoch, known on serving ranks too (they step along)."""
-        box = [self.train_stream.steps_per_epoch if self.train_stream is not None else 0]
-        dist.broadcast_object_list(box, src=self.plan.layout.train[0])
-        return int(box[0])
-
-    def train_batches(self, n: int) -> Iterator[Batch]:
-        """Up to n training batches of the current epoch's shard, for BatchNorm re-estimation;
-        leaves the training position and the RNG as they were."""
-        if self.train_stream is None:
-            return
-        with torch.random.fork_rng(devices=[]):
-            for i, (x, y) in enumerate(self.train_stream.batches(self.state.epoch, 0)):
-                if i >= n:
-                    break
-                yield x.to(self.ctx.device, non_blocking=True), y.to(self.ctx.device, non_blocking=True)
-
     # ---- state --------------------------------------------------------------------------------
-    def capture(self) -> dict[str, Any]:
-        """Everything that decides this rank's future, for its checkpoint file."""
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scaler": self.local.scaler.state_dict(), "algo": self.algo.state_dict(),
-                "comm": self.algo.comm.state_dict(), "imbalance": self.imbalance.state_dict(),
-                "rng": capture_rng(), "trainer": self.state.state_dict(),
-                **({"ft": self.ft_rounds.state_dict()} if self.ft_rounds is not None else {})}
-
     def load_healed(self, state: dict[str, Any]) -> None:
-        """Fault-tolerant mode: take a live peer's state (its `capture()`, received as tensors
-        only) in the middle of a round: model, optimizer, plugin, counters and trainer state. Its
-        RNG and round record are not taken (this replica's own dropout stream and history)."""
-        self.model.load_state_dict(plain_state_dict(state["model"]))
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.local.scaler.load_state_dict(state["scaler"])
-        self.algo.load_state_dict(state["algo"])
-        self.algo.comm.load_state_dict(state["comm"])
-        self.imbalance.load_state_dict(state["imbalance"])
-        self.state.load_state_dict(state["trainer"])
+        """Fault-tolerant mode: take a live peer's state (its capture, received as tensors only) in
+        the middle of a round; the batch stream then follows the healed position."""
+        self.saved.heal(state)
         self._healed = True
 
     def restore(self) -> Optional[dict[str, Any]]:
-        """Load model and optimizer state from the checkpoint the ranks agree on (the rest after
-        the plugin's set-up); else start from `init_from`'s model or rank 0's initialisation."""
-        manifest = agree_on_checkpoint(self.plan.resume_from, self.ctx.rank, self.plan.run_dir)
-        if manifest is None:
-            if self.plan.init_from is not None:
-                self._init_from(self.plan.init_from)
-            if self.ctx.world_size > 1:  # one starting point, whatever the initialisation did
-                for tensor in list(self.model.parameters()) + list(self.model.buffers()):
-                    dist.broadcast(tensor.data, src=0)
-            return None
-        state = load_rank_file(manifest.rank_file(self.ctx.rank))
-        self.model.load_state_dict(plain_state_dict(state["model"]))
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.local.scaler.load_state_dict(state["scaler"])
-        if self.reporting:
-            log.info("resuming from %s (step %d)", manifest.path, manifest.step)
-        return state
-
-    def _init_from(self, manifest: Manifest) -> None:
-        """A new run starting from a checkpoint's model (rank 0's file), nothing else."""
-        try:
-            self.model.load_state_dict(plain_state_dict(load_rank_file(manifest.rank_file(0))["model"]))
-        except RuntimeError as err:
-            raise UserError(f"init_from={manifest.path}: its model does not fit model.name="
-                            f"{self.plan.config.model.get('name')} ({str(err).splitlines()[0]})") from None
+        """Load what the plugin's set-up reads from the checkpoint the ranks agree on (the rest
+        after it); else start from `init_from`'s model or rank 0's initialisation."""
+        return restore_or_start(self.plan, self.ctx, self.saved, self.model, self.reporting)
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> Optional[dict[str, Any]]:
@@ -160,22 +111,17 @@ class Trainer:
         saved = self.restore()
         info = TrainInfo(total_steps=self.total_steps, steps_per_epoch=self.steps_per_epoch,
                          lr_at=self.schedule.lr_at, warmup_steps=self.schedule.warmup_steps,
-                         train_batches=self.train_batches, forward=self.local.forward,
-                         resuming=saved is not None, hyper=self.plan.hyper)
+                         train_batches=lambda n: reestimation_batches(self.train_stream, st.epoch, n, self.ctx.device),
+                         forward=self.local.forward, resuming=saved is not None, hyper=self.plan.hyper)
         self.algo.setup(self.model, self.optimizer, info)
         if self.replica is not None:
             self._attach_ft(self.replica)
         if saved is not None:
-            self.algo.load_state_dict(saved["algo"])
-            self.algo.comm.load_state_dict(saved["comm"])
-            self.imbalance.load_state_dict(saved["imbalance"])
-            st.load_state_dict(saved["trainer"])
-            restore_rng(saved["rng"])
-            if self.ft_rounds is not None and "ft" in saved:
-                self.ft_rounds.load_state_dict(saved["ft"])
+            self.saved.load(saved, before_setup=False)
         else:  # per-rank streams (dropout differs across ranks), independent of what set-up drew
             seed_everything(cfg.seed + 1000 * (self.ctx.rank + 1))
-        self.facts = run_facts(self.plan, self)
+        self.facts = run_facts(self.plan, self.ctx, self.reporting, self.local.precision, self.total_steps,
+                               self.steps_per_epoch)
         if self.reporting:
             self.report = RunReport(self.plan.run_dir, cfg.raw, cfg.logger, cfg.train.log_every_steps,
                                     cfg.train.progress, self.facts, st, self.algo.plot_keys())
@@ -187,7 +133,7 @@ class Trainer:
                                          Budget.of(cfg.train), self.plan.batch.per_rank * self.plan.num_train_ranks)
         stopped: Optional[str] = None
         try:
-            stopped = None if self._budget_already_spent() else self._loop(stop)
+            stopped = None if stop.resumed_spent(st, cfg.train, self.reporting) else self._loop(stop)
             return self._finish() if stopped is None else None
         finally:
             stop.close()
@@ -239,30 +185,15 @@ class Trainer:
         clock.pause()
         return None
 
-    def _budget_already_spent(self) -> bool:
-        """A resumed run that a budget ended continues to nothing while that budget is spent
-        (it re-reports, as a finished run does); a raised or removed budget trains on."""
-        st = self.state
-        if st.budget_stop is None:
-            return False
-        if self.stop.still_spent(st.budget_stop):
-            if self.reporting:
-                kind = st.budget_stop["reason"]
-                log.warning("nothing to continue: train.%s=%s was spent at step %d (%s); the run is complete. "
-                            "Raise train.%s to train on", kind, getattr(self.plan.config.train, kind),
-                            st.budget_stop["step"], st.budget_stop["spent"], kind)
-            return True
-        st.budget_stop, st.finalized = None, False
-        return False
-
     def _attach_ft(self, replica: Replica) -> None:
         """Fault-tolerant mode: the plugin averages through torchft's Manager (engine.ft)."""
         from engine.rank.ft_rounds import ManagerRounds  # torchft only in this mode
 
         cfg = self.plan.config
-        self.ft_rounds = ManagerRounds(cfg.ft, replica.index, replica.count, replica.host, replica.store_port, replica.lighthouse,
-                                       cfg.dist.timeout_s, self.capture, self.load_healed, lambda: self.state.step,
-                                       gate=self.plan.run_dir.root.parent.parent / "logs")
+        self.ft_rounds = ManagerRounds(cfg.ft, replica.index, replica.count, replica.host, replica.store_port,
+                                       replica.lighthouse, cfg.dist.timeout_s, self.saved.capture, self.load_healed,
+                                       lambda: self.state.step, gate=self.plan.run_dir.root.parent.parent / "logs")
+        self.saved.add("ft", Part(self.ft_rounds, heals=False, optional=True))  # (checkpoints from before ft lack it)
         self.algo.attach_ft_rounds(self.ft_rounds)
 
     def _batches(self) -> Iterator[Batch]:
@@ -309,46 +240,3 @@ class Trainer:
             self.report.finish(summary)
         return summary
 
-
-def data_request(plan: RunPlan, ctx: DistContext, replica: Optional[Replica] = None) -> DataRequest:
-    """This rank's part of the data: its training shard (None on serving ranks) and test slice.
-    A fault-tolerant replica trains on shard `index` of `count` and evaluates the whole test set
-    (an evaluation sum over replicas would be a collective a failure could break)."""
-    train, evaluate = plan.layout.train, plan.layout.evaluate
-    per_rank = plan.batch.per_rank
-    if replica is not None:
-        parts = {"shard": replica.index, "num_shards": replica.count, "eval_shard": 0, "eval_num_shards": 1}
-    else:
-        parts = {"shard": train.index(ctx.rank) if ctx.rank in train else None, "num_shards": len(train),
-                 "eval_shard": evaluate.index(ctx.rank) if ctx.rank in evaluate else 0,
-                 "eval_num_shards": len(evaluate)}
-    return DataRequest(batch_size=per_rank, eval_batch_size=plan.config.data.eval_batch_size or max(per_rank, 64),
-                       seed=plan.config.seed, device=ctx.device, **parts)
-
-
-def run_facts(plan: RunPlan, trainer: Trainer) -> RunFacts:
-    """What the run is; on the reporting rank of a GPU run also what MFU needs (the model's
-    FLOPs, counted once on the meta device, and the GPU's peak at the run's precision; the CPU
-    has no peak to divide by, so nothing is counted there)."""
-    cfg, ctx = plan.config, trainer.ctx
-    flops = peak = None
-    if trainer.reporting and ctx.is_cuda:
-        flops = train_flops_per_sample(cfg.model, plan.spec)
-        peak = peak_flops(torch.cuda.get_device_name(ctx.device), str(trainer.local.precision))
-    net = cfg.launch.network
-    return RunFacts(algo=cfg.algo.name, model=cfg.model.get("name"), data=cfg.data.name,
-                    pipeline=str(cfg.data.pipeline), seed=cfg.seed, world_size=plan.world_size,
-                    train_ranks=plan.num_train_ranks, global_batch=plan.batch.global_batch,
-                    peak_lr=plan.hyper.peak_lr, total_steps=trainer.total_steps,
-                    steps_per_epoch=trainer.steps_per_epoch, num_gpus=ctx.num_devices if ctx.is_cuda else 0,
-                    flops_per_sample=flops, peak_flops=peak,
-                    network=net.record(plan.world_size // plan.ranks_per_node) if net.emulated else None)
-
-
-def train_rank(plan: RunPlan, ctx: DistContext, heartbeat: Optional[Heartbeat] = None,
-               replica: Optional[Replica] = None) -> Optional[dict[str, Any]]:
-    torch.manual_seed(plan.config.seed)
-    trainer = Trainer(plan, ctx, replica)
-    if heartbeat is not None:
-        heartbeat.state = trainer.state  # the step it reports
-    return trainer.run()

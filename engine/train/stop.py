@@ -9,6 +9,7 @@ exits at once.
 """
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 from dataclasses import dataclass
@@ -17,6 +18,9 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from engine.train.state import TrainState
+
+log = logging.getLogger("syncopt")
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
@@ -132,6 +136,21 @@ class StopAgreement:
         if not record:
             return False
         return self.budget.spent(record["reason"].removeprefix("budget_"), record["spent"])
+
+    def resumed_spent(self, st: TrainState, train_cfg: Any, reporting: bool) -> bool:
+        """A resumed run that a budget ended continues to nothing while that budget is spent
+        (it re-reports, as a finished run does); a raised or removed budget trains on."""
+        if st.budget_stop is None:
+            return False
+        if self.still_spent(st.budget_stop):
+            if reporting:
+                kind = st.budget_stop["reason"]
+                log.warning("nothing to continue: train.%s=%s was spent at step %d (%s); the run is complete. "
+                            "Raise train.%s to train on", kind, getattr(train_cfg, kind),
+                            st.budget_stop["step"], st.budget_stop["spent"], kind)
+            return True
+        st.budget_stop, st.finalized = None, False
+        return False
 
     def summary(self, record: Optional[dict[str, Any]], spent: dict[str, Any]) -> dict[str, Any]:
         """summary.json's account: why the run ended (`steps`: it ran them all), the budget, and
