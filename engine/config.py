@@ -2,17 +2,19 @@
 
 Every section's dataclass lives next to the component it configures (`engine.train.config`,
 `engine.train.optim`, `engine.train.checkpointer`, `engine.report.metrics`, `engine.launch.config`,
-`core.distenv`, `data.config`) and is the one source of that section's defaults:
-`register_schemas` puts them into Hydra's ConfigStore as the `_syncopt` node that
-conf/config.yaml starts from, together with one option per model, data set and algorithm from
-their registries, so the YAML files carry only what differs. `load_run_config` turns the
-composed tree into a `RunConfig`: every section merged onto its dataclass, every declared range
-checked, the model, data set and algorithm looked up, then frozen.
+`core.distenv`, `data.config`) and is the one source of that section's defaults. `SECTIONS` is
+the one list of the run's sections: what Hydra sees of each (its type and default) and how it
+is loaded (merged onto its dataclass, its declared ranges and its own checks applied). From it
+come `RunSchema`, which `register_schemas` puts into Hydra's ConfigStore as the `_syncopt` node
+that conf/config.yaml starts from (together with one option per model, data set and algorithm
+from their registries, so the YAML files carry only what differs), and `RunConfig`, the typed,
+frozen form `load_run_config` returns. A new section is one entry here.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -24,8 +26,7 @@ import models
 from core.distenv import DistConfig
 from core.errors import UserError
 from core.schema import Section, config_error_line, freeze, to_container, typed_section
-from data import DataConfig, PathsConfig, data_spec, load_data_config
-from dist_algos.base import AlgoConfig
+from data import PathsConfig, data_spec, load_data_config
 from engine.ft.config import FTConfig
 from engine.launch.config import LaunchConfig, load_launch_config
 from engine.report.metrics import LoggerConfig
@@ -35,53 +36,95 @@ from engine.train.config import TrainConfig, check_train
 from engine.train.faults import FaultsConfig
 from engine.train.optim import OptimConfig, SchedConfig, check_optim, check_sched
 
+#: a section's loader: (its name, its composed node, the loaded sections by name) -> its typed value
+Loader = Callable[[str, Any, Callable[[str], Any]], Any]
 
-@dataclass
-class RunSchema:
-    """The top of the composed config as Hydra sees it (conf/config.yaml's first default)."""
 
-    seed: int = 0
+@dataclass(frozen=True)
+class SectionEntry:
+    """One section of the run: the type and default Hydra sees, and how it is loaded (None: the
+    schema only, not part of `RunConfig`: `paths` feeds interpolations, `table` the table runner)."""
+
+    schema: Any
+    default: Any  # a dataclass (its instance is the default) or a plain value
+    load: Optional[Loader] = None
+
+
+def typed(schema: type, check: Optional[Callable[[Any], None]] = None) -> SectionEntry:
+    """A section that is its dataclass: merged onto it, ranges checked, then its own check."""
+
+    def load(name: str, node: Any, _: Callable[[str], Any]) -> Any:
+        value = typed_section(schema, node, name)
+        if check is not None:
+            check(value)
+        return value
+
+    return SectionEntry(schema, schema, load)
+
+
+def _seed(_: str, node: Any, __: Callable[[str], Any]) -> int:
+    if not isinstance(node, int) or isinstance(node, bool):
+        raise UserError(f"seed={node!r}: expected an integer")
+    return node
+
+
+def _resume(_: str, node: Any, __: Callable[[str], Any]) -> Optional[str]:
+    if node is not None and not isinstance(node, str):
+        raise UserError(f"resume={node!r}: expected auto, null or a checkpoint path")
+    return node
+
+
+def _model(_: str, node: Any, section: Callable[[str], Any]) -> dict[str, Any]:
+    model = to_container(node) or {}
+    models.check_model_config(model, data_spec(section("data")))
+    return model
+
+
+def _launch(_: str, node: Any, section: Callable[[str], Any]) -> LaunchConfig:
+    return load_launch_config(node, section("dist").device)  # the default rank count follows dist.device
+
+
+#: the run's sections, in the order Hydra composes (and `--cfg job` prints) them
+SECTIONS: dict[str, SectionEntry] = {
+    "seed": SectionEntry(int, 0, _seed),
     # auto: continue from the newest complete checkpoint in the run directory; null: start fresh;
     # a path: that checkpoint (a checkpoints/step_* directory or another run directory)
-    resume: Optional[str] = "auto"
-    init_from: Optional[str] = None  # a checkpoint whose model (rank 0's) starts a new run
-    paths: PathsConfig = field(default_factory=PathsConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    sched: SchedConfig = field(default_factory=SchedConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    launch: LaunchConfig = field(default_factory=LaunchConfig)
-    logger: LoggerConfig = field(default_factory=LoggerConfig)
-    dist: DistConfig = field(default_factory=DistConfig)
-    faults: FaultsConfig = field(default_factory=FaultsConfig)  # injected failures (engine/train/faults.py)
-    ft: FTConfig = field(default_factory=FTConfig)
-    model: Any = None  # the model group's node (models' registry)
-    data: Any = None  # the data group's node (data sets' registry)
-    algo: Any = None  # the algo group's node (the plugin's config dataclass)
-    table: Any = None  # set only by `table=NAME` (engine.tables)
+    "resume": SectionEntry(Optional[str], "auto", _resume),
+    "init_from": SectionEntry(Optional[str], None, lambda _, node, __: node),  # a checkpoint's model starts a new run
+    "paths": SectionEntry(PathsConfig, PathsConfig),
+    "train": typed(TrainConfig, check_train),
+    "optim": typed(OptimConfig, check_optim),
+    "sched": typed(SchedConfig, check_sched),
+    "checkpoint": typed(CheckpointConfig, check_checkpoint),
+    "launch": SectionEntry(LaunchConfig, LaunchConfig, _launch),
+    "logger": typed(LoggerConfig),
+    "dist": typed(DistConfig),
+    "faults": typed(FaultsConfig),  # injected failures (engine/train/faults.py)
+    "ft": typed(FTConfig),
+    "model": SectionEntry(Any, None, _model),  # the model group's node (models' registry)
+    "data": SectionEntry(Any, None, lambda _, node, __: load_data_config(node)),  # the data group's node (data sets)
+    "algo": SectionEntry(Any, None, lambda _, node, __: dist_algos.load_algo_config(node)),  # the plugin's Config
+    "table": SectionEntry(Any, None),  # set only by `table=NAME` (engine.tables)
+}
 
 
-@dataclass
-class RunConfig(Section):
-    """The whole validated configuration of one run, as every rank sees it (frozen)."""
+def _schema_field(entry: SectionEntry) -> Any:
+    if dataclasses.is_dataclass(entry.default):
+        return field(default_factory=entry.default)
+    return field(default=entry.default)
 
-    seed: int
-    resume: Optional[str]
-    init_from: Optional[str]
-    model: dict[str, Any]
-    data: DataConfig
-    algo: AlgoConfig
-    optim: OptimConfig
-    sched: SchedConfig
-    train: TrainConfig
-    checkpoint: CheckpointConfig
-    launch: LaunchConfig
-    logger: LoggerConfig
-    dist: DistConfig
-    faults: FaultsConfig
-    ft: FTConfig
-    raw: DictConfig = field(repr=False)  # the resolved composed config, for saving and logging
 
+RunSchema = dataclasses.make_dataclass("RunSchema", [(name, entry.schema, _schema_field(entry))
+                                                     for name, entry in SECTIONS.items()])
+RunSchema.__module__ = __name__
+RunSchema.__doc__ = "The top of the composed config as Hydra sees it (conf/config.yaml's first default)."
+
+RunConfig = dataclasses.make_dataclass(
+    "RunConfig", [(name, entry.schema) for name, entry in SECTIONS.items() if entry.load is not None]
+    + [("raw", DictConfig, field(repr=False))], bases=(Section,))
+RunConfig.__module__ = __name__
+RunConfig.__doc__ = """The whole validated configuration of one run, as every rank sees it (frozen); `raw` is
+the resolved composed config, for saving and logging."""
 
 _registered = False
 
@@ -101,39 +144,24 @@ def register_schemas() -> None:
 
 
 def load_run_config(cfg: DictConfig) -> RunConfig:
-    """Validate the composed config and return its typed, frozen form; raises `UserError` with
-    one line for anything a user could have mistyped or set out of range."""
+    """Validate the composed config and return its typed, frozen `RunConfig`; raises `UserError`
+    with one line for anything a user could have mistyped or set out of range. Sections load in
+    `SECTIONS`' order; one that reads another (the model reads the data set, the launch reads
+    dist.device) loads that one first."""
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as err:
         raise UserError(config_error_line(err, "config")) from None
-    seed = cfg.get("seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise UserError(f"seed={seed!r}: expected an integer")
-    resume = cfg.get("resume", "auto")
-    if resume is not None and not isinstance(resume, str):
-        raise UserError(f"resume={resume!r}: expected auto, null or a checkpoint path")
-    data_cfg = load_data_config(cfg.get("data"))
-    model = to_container(cfg.get("model")) or {}
-    models.check_model_config(model, data_spec(data_cfg))
-    optim = typed_section(OptimConfig, cfg.get("optim"), "optim")
-    sched = typed_section(SchedConfig, cfg.get("sched"), "sched")
-    train = typed_section(TrainConfig, cfg.get("train"), "train")
-    check_optim(optim)
-    check_sched(sched)
-    check_train(train)
-    checkpoint = typed_section(CheckpointConfig, cfg.get("checkpoint"), "checkpoint")
-    check_checkpoint(checkpoint)
-    dist = typed_section(DistConfig, cfg.get("dist"), "dist")
-    run = RunConfig(
-        seed=seed, resume=resume, init_from=cfg.get("init_from"), model=model, data=data_cfg,
-        algo=dist_algos.load_algo_config(cfg.get("algo")), optim=optim, sched=sched,
-        train=train,
-        checkpoint=checkpoint,
-        launch=load_launch_config(cfg.get("launch"), dist.device),
-        logger=typed_section(LoggerConfig, cfg.get("logger"), "logger"),
-        dist=dist,
-        faults=typed_section(FaultsConfig, cfg.get("faults"), "faults"),
-        ft=typed_section(FTConfig, cfg.get("ft"), "ft"), raw=cfg,
-    )
-    return freeze(run)
+    loaded: dict[str, Any] = {}
+
+    def section(name: str) -> Any:
+        if name not in loaded:
+            entry = SECTIONS[name]
+            default = None if dataclasses.is_dataclass(entry.default) else entry.default
+            loaded[name] = entry.load(name, cfg.get(name, default), section)
+        return loaded[name]
+
+    for name, entry in SECTIONS.items():
+        if entry.load is not None:
+            section(name)
+    return freeze(RunConfig(**loaded, raw=cfg))
