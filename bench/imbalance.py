@@ -4,7 +4,7 @@
     .venv/bin/python bench/imbalance.py                 # 4 and 8 ranks, settings A and B
     .venv/bin/python bench/imbalance.py --ranks 4 --steps 300
 
-Every algorithm runs the real trainer (engine/trainer.py, composed from conf/ exactly as cli.py
+Every algorithm runs the real trainer (engine/rank/trainer.py, composed from conf/ exactly as cli.py
 does) on gloo ranks on this machine, with the same tiny model, the same data and the same
 injected delays (the runner's own injector, `train.imbalance.*`: the same seeded schedule of
 which rank is delayed at which step, and the same fixed delay in milliseconds):

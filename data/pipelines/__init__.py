@@ -1,9 +1,11 @@
 """The ways to read a data set (`data.pipeline`); docs/pipelines.md compares them.
 
-Each module has `build(cfg, request) -> (TrainStream or None, EvalStream)` and asks the data
-set's object (`data.sets`) for everything particular to it; one whose batches arrive in host
-memory says so (`BATCHES_ON_HOST = True`), and `data.build_data` overlaps their copy to a GPU. A pipeline module imports its
-package (torchvision, FFCV, DALI) at its top, so it is imported only when chosen.
+Each module has `build(cfg, request, make_split, with_val=True) -> (TrainStream or None, test
+EvalStream, validation EvalStream or None, TrainSplit)`, where `make_split` turns the training
+file's labels into the split (data/split.py), and asks the data set's object (`data.sets`) for
+everything particular to it; one whose batches arrive in host memory says so
+(`BATCHES_ON_HOST = True`), and `data.build_data` overlaps their copy to a GPU. A pipeline module
+imports its package (torchvision, FFCV, DALI) at its top, so it is imported only when chosen.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Optional
 
 from data.config import Pipeline
 
-#: pipeline -> (module implementing `build(cfg, request)`, the package it needs)
+#: pipeline -> (module implementing `build(cfg, request, make_split, with_val)`, the package it needs)
 PIPELINES: dict[Pipeline, tuple[str, Optional[str]]] = {
     Pipeline.torchvision: ("data.pipelines.torchvision", "torchvision"),
     Pipeline.ffcv: ("data.pipelines.ffcv", "ffcv"),

@@ -5,6 +5,7 @@ Only the `ft` section and what it refuses before launch live here (`config`: `FT
 engine/plan.py read. What runs inside a replica is in engine/rank/ (`ft_rounds`: the Manager
 behind `dist_algos.ft_round.RoundAverager`, healing, the per-round record; `ft_transport`: the
 tensors-only healing transport); what runs in the launching process is in engine/drivers/
-(`ft_supervisor`, `ft_nodes`, `ft_over_ssh`, `lighthouse`). torchft is imported only by those.
+(`ft_supervisor`, `ft_nodes`, `ft_over_ssh`, `lighthouse`). torchft is imported only by the two
+rank modules, which the trainer imports inside a function when the mode is on.
 docs/fault_tolerance.md has the design.
 """
