@@ -322,7 +322,7 @@ def test_the_quorum_wait_covers_the_period_before_each_round_unless_one_is_given
     period that led to it; a value given is kept, with one warning when a period outlasts it."""
     from types import SimpleNamespace
 
-    from engine.ft import rounds as ft_rounds
+    from engine.rank import ft_rounds
     default, cover = ft_rounds.DEFAULT_QUORUM_TIMEOUT_S, ft_rounds.PERIOD_COVER
     assert ft_rounds.round_quorum_timeout(None, 5.0) == (default, "")
     two_hours = 2 * 3600.0
