@@ -51,7 +51,7 @@ def launch_over_ssh(launch: LaunchConfig, run_dir: RunDir, overrides: list[str])
     master_addr = launch.master_addr or plan.hosts[0]
     token = secrets.token_hex(8)  # the hosts prove they share the run directory by reading it back
     write_launch_record(run_dir, {"mode": "ft_pdsh", "token": token, "hosts": list(plan.hosts),
-                            "launched_from": socket.gethostname(), "time": time.time()})
+                                  "launched_from": socket.gethostname(), "time": time.time()})
     reports = probe_hosts(list(plan.hosts), sys.executable, run_dir, token, launch.master_port, launch.ssh_port)
     port = launch.master_port or reports[0].free_port
     env = {**os.environ, "OMP_NUM_THREADS": str(omp_threads(launch, plan.ranks_per_node,

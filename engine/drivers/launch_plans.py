@@ -45,21 +45,24 @@ class LaunchPlan:
 
 
 def local_plan(cfg: LaunchConfig, run_dir: RunDir | Path, args: list[str]) -> LaunchPlan:
+    """One machine: launch.nproc ranks on localhost, on launch.master_port or a free port."""
     if cfg.master_port is not None and port_in_use(cfg.master_port):
         raise UserError(f"launch.master_port={cfg.master_port} is in use on this machine; "
                         "pick another port or leave it null")
     port = cfg.master_port or free_port(cfg.master_addr)
     return LaunchPlan(launcher_command(cfg, port, args), launcher_env(cfg),
-                 RankWatch(run_dir, local_ranks=set(range(cfg.nproc))))
+                      RankWatch(run_dir, local_ranks=set(range(cfg.nproc))))
 
 
 def pdsh_plan(cfg: LaunchConfig, run_dir: RunDir | Path, args: list[str]) -> LaunchPlan:
+    """Every host of the hostfile over pdsh, checked first (a token in the launch record proves
+    each sees the run directory); the environment goes to the nodes through a DS_ENV_FILE."""
     plan = node_plan_of(cfg)
     token = secrets.token_hex(8)
     master_addr = cfg.master_addr or plan.hosts[0]
     write_launch_record(run_dir, {"mode": "pdsh", "token": token, "hosts": list(plan.hosts),
-                            "ranks_per_node": plan.ranks_per_node, "master_addr": master_addr,
-                            "launched_from": socket.gethostname(), "time": time.time()})
+                                  "ranks_per_node": plan.ranks_per_node, "master_addr": master_addr,
+                                  "launched_from": socket.gethostname(), "time": time.time()})
     reports = probe_hosts(list(plan.hosts), sys.executable, run_dir, token, cfg.master_port, cfg.ssh_port)
     port = cfg.master_port or reports[0].free_port
     # Nodes may differ in cores; one exported value must fit the smallest.
@@ -73,6 +76,7 @@ def pdsh_plan(cfg: LaunchConfig, run_dir: RunDir | Path, args: list[str]) -> Lau
 
 
 def no_ssh_plan(cfg: LaunchConfig, run_dir: RunDir | Path, args: list[str]) -> LaunchPlan:
+    """This node's share (launch.node_rank): node 0 writes the launch record, the others wait for it."""
     run_dir = RunDir.of(run_dir)
     plan = node_plan_of(cfg)
     master_addr = cfg.master_addr or plan.hosts[0]
