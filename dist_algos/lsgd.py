@@ -41,11 +41,11 @@ import torch.nn as nn
 
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, RankLayout, Scenario, StepContext, TrainInfo
-from dist_algos.comm import allgather_bytes
-from dist_algos.consensus_eval import (EvalCopy, broadcast_model_, consensus_eval_ranks, consensus_model,
+from dist_algos.machinery.comm import allgather_bytes
+from dist_algos.machinery.consensus_eval import (EvalCopy, broadcast_model_, consensus_eval_ranks, consensus_model,
                                       validate_eval_choice)
-from dist_algos.flat import FlatBuffer, average_
-from dist_algos.leader_select import RunningLoss, choose_leader, gather_losses, pull_towards_
+from dist_algos.machinery.flat import FlatBuffer, average_
+from dist_algos.machinery.leader_select import RunningLoss, choose_leader, gather_losses, pull_towards_
 from core.errors import UserError
 
 EVAL_MODELS = ("leader", "average", "local")

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from dist_algos.bn_stats import batch_norms
-from dist_algos.flat import FlatBuffer
+from dist_algos.machinery.bn_stats import batch_norms
+from dist_algos.machinery.flat import FlatBuffer
 from core.errors import UserError
 
 
