@@ -181,7 +181,7 @@ def test_plugin_equals_k_model_copies() -> None:
 
 def test_samomentum_memory_is_dgs_rule() -> None:
     """`feedback=samomentum:M` with `topk:D` is DGS's SAMomentum (`compressors.samomentum_`), bit for bit."""
-    from dist_algos.compressors import samomentum_
+    from dist_algos.compress.sparse_feedback import samomentum_
 
     chain, mem = build_chain(["topk:0.1"]), Memory("samomentum:0.9")
     velocity = torch.zeros(sum(SIZES))

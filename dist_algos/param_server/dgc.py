@@ -18,7 +18,7 @@ import torch
 
 from dist_algos import register_algorithm
 from dist_algos.base import HyperParams, StepContext
-from dist_algos.compressors import clip_by_norm_, dgc_, dgc_warmup_density
+from dist_algos.compress.sparse_feedback import clip_by_norm_, dgc_, dgc_warmup_density
 from dist_algos.param_server import wire
 from dist_algos.param_server.plugin import ParamServerAlgorithm, SparseConfig
 from core.errors import UserError

@@ -13,7 +13,7 @@ import torch
 
 from dist_algos import register_algorithm
 from dist_algos.base import StepContext
-from dist_algos.compressors import gradient_dropping_
+from dist_algos.compress.sparse_feedback import gradient_dropping_
 from dist_algos.param_server import wire
 from dist_algos.param_server.plugin import ParamServerAlgorithm, SparseConfig
 
