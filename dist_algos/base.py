@@ -41,7 +41,7 @@ import torch
 import torch.nn as nn
 
 from core.distenv import DistContext
-from core.schema import Section
+from core.schema import Section, check_ranges
 from dist_algos.machinery.comm import CommStats
 from dist_algos.machinery.ft_round import RoundAverager
 
@@ -53,10 +53,16 @@ class Role(str, enum.Enum):
 
 @dataclass
 class AlgoConfig(Section):
-    """Base of every plugin's config dataclass (`algo.*`); ranges are declared with
-    `core.schema.option` on the fields and checked before launch."""
+    """Base of every plugin's config dataclass (`algo.*`). Ranges and choices are declared with
+    `core.schema.option` on the fields and checked whenever a config is made: read from the
+    command line before launch (`typed_section`), or built in code (a test, a benchmark), so a
+    plugin never holds an out-of-range value and its `validate` checks only what relates
+    several settings or the world."""
 
     name: str = ""
+
+    def __post_init__(self) -> None:
+        check_ranges(self, "algo")
 
 
 @dataclass(frozen=True)
@@ -166,7 +172,9 @@ class DistAlgorithm(ABC):
     def validate(cls, cfg: AlgoConfig, world_size: int, local_size: int, hyper: HyperParams) -> None:
         """Raise `core.errors.UserError` for settings that cannot work at this world size (or with
         these optimizer settings: `hyper` is the run's real one, so a check of the optimizer
-        belongs here, before launch). Ranges declared on the config's fields are checked already."""
+        belongs here, before launch). Ranges and choices declared on the config's fields are
+        checked already, when the config was made; what is left is what relates settings to each
+        other, to the world or to the optimizer."""
 
     @classmethod
     def layout(cls, cfg: AlgoConfig, world_size: int) -> RankLayout:

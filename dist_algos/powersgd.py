@@ -40,7 +40,7 @@ from core.schema import option
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, Scenario, StepContext, TrainInfo
 from dist_algos.machinery.comm import allreduce_bytes
-from dist_algos.machinery.flat import FlatBuffer, average_, flat_grads
+from dist_algos.machinery.flat import average_, flat_grads
 from dist_algos.compress.powersgd_math import compressed_shape, orthogonalize_
 
 

@@ -33,12 +33,13 @@ from dist_algos.machinery.flat import FlatBuffer
 from dist_algos.machinery.group_schedule import exponential_hops, exponential_peers
 from core.distenv import DistContext
 from core.errors import UserError
+from core.schema import option
 
 
 @dataclass
 class SgpConfig(AlgoConfig):
     name: str = "sgp"
-    num_peers: int = 1  # out-peers per step (SGP paper: 1; WAGMA's baseline: 2)
+    num_peers: int = option(1, ge=1)  # out-peers per step (SGP paper: 1; WAGMA's baseline: 2)
 
 
 @register_algorithm("sgp")
@@ -56,8 +57,6 @@ class Sgp(DistAlgorithm):
     def validate(cls, cfg: SgpConfig, world_size: int, local_size: int,
                  hyper: HyperParams) -> None:
         hops = exponential_hops(world_size)
-        if cfg.num_peers < 1:
-            raise UserError(f"algo.num_peers={cfg.num_peers} must be at least 1")
         if world_size > 1 and cfg.num_peers > hops:
             raise UserError(f"algo.num_peers={cfg.num_peers}: {world_size} workers have only {hops} distinct "
                             f"exponential-graph peers; use at most {hops}")

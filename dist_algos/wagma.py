@@ -50,6 +50,7 @@ from dist_algos.machinery.group_schedule import GroupSchedule, is_global_step, l
 from dist_algos.machinery.wait_avoiding import Round, WaitAvoidingAverager
 from core.distenv import DistContext
 from core.errors import UserError
+from core.schema import option
 
 # Activation messages may be hours apart (a long evaluation between two steps): the signal
 # group's receives must not time out the way a stuck collective should.
@@ -60,7 +61,8 @@ SIGNAL_TIMEOUT = datetime.timedelta(days=7)
 class WagmaConfig(AlgoConfig):
     name: str = "wagma"
     group_size: int = 2  # G: a power of two dividing the number of workers (paper: 8 of 64)
-    global_period: int = 10  # tau: a global average every tau-th step, the staleness bound
+    # tau: a global average every tau-th step, the staleness bound
+    global_period: int = option(10, ge=1, hint="tau, the steps between global averages")
     wait_avoiding: bool = True  # false: synchronous group averages (deterministic)
 
 
@@ -91,9 +93,6 @@ class Wagma(DistAlgorithm):
         if cfg.group_size > world_size:
             raise UserError(f"algo.group_size={cfg.group_size} is larger than the {world_size} workers; "
                             f"use at most {world_size}")
-        if cfg.global_period < 1:
-            raise UserError(f"algo.global_period={cfg.global_period} must be at least 1 "
-                            "(tau, the steps between global averages)")
 
     def __init__(self, cfg: WagmaConfig, ctx: DistContext) -> None:
         super().__init__(cfg, ctx)
