@@ -6,6 +6,7 @@ below); `cli.py` and `bench/` on top. The graph is read with `ast` from every mo
 inside functions included (an import hidden in a function to dodge a cycle is still an edge).
 An import of the project's own module inside a function is allowed only where it defers a heavy
 optional dependency: the imported module itself imports one of HEAVY_OPTIONAL at its top.
+Inside a package the same rule holds between its groups of modules (INNER_FLOORS).
 """
 from __future__ import annotations
 
@@ -19,6 +20,19 @@ REPO = Path(__file__).resolve().parent.parent
 FLOORS = {"core": 0, "data": 1, "models": 1, "dist_algos": 1, "engine": 2, "cli": 3, "bench": 3}
 #: packages too heavy, or too rarely needed, to import before they are chosen
 HEAVY_OPTIONAL = ("ffcv", "nvidia.dali", "wandb", "matplotlib", "submitit", "deepspeed", "numba", "torchft")
+#: Floors inside a package, lowest first, each a group of module prefixes: a prefix names a module
+#: and the modules under it, and the longest prefix naming a module places it. An import inside
+#: the package stays in its group or goes down.
+INNER_FLOORS: dict[str, list[tuple[str, ...]]] = {
+    "dist_algos": [
+        ("dist_algos.machinery",),  # what plugins are built from: accounting, flat buffers, schedules
+        ("dist_algos.compress",),  # compression, usable without the plugin contract
+        ("dist_algos.base",),  # the plugin contract
+        ("dist_algos.param_server.layout", "dist_algos.param_server.wire",  # the parameter-server base
+         "dist_algos.param_server.server", "dist_algos.param_server.plugin"),
+        ("dist_algos", "dist_algos.param_server"),  # the registry and the plugins
+    ],
+}
 
 
 @dataclass(frozen=True)
@@ -53,7 +67,8 @@ def _resolve(name: str, modules: dict[str, Path]) -> str | None:
     return None
 
 
-def _imported_names(node: ast.Import | ast.ImportFrom, source: str, is_package: bool) -> list[str]:
+def _imported_names(node: ast.Import | ast.ImportFrom, source: str, is_package: bool,
+                    modules: dict[str, Path]) -> list[str]:
     if isinstance(node, ast.Import):
         return [alias.name for alias in node.names]
     base = node.module or ""
@@ -61,7 +76,10 @@ def _imported_names(node: ast.Import | ast.ImportFrom, source: str, is_package: 
         package = source.split(".") if is_package else source.split(".")[:-1]
         package = package[:len(package) - (node.level - 1)]
         base = ".".join(package + ([base] if base else []))
-    return [base] + [f"{base}.{alias.name}" for alias in node.names]
+    names = [f"{base}.{alias.name}" for alias in node.names]
+    # `from package import module` needs the module, as `import package.module` does; the
+    # package's own code only where a name comes from it
+    return names if all(n in modules for n in names) else [base] + names
 
 
 def edges_of(source: str, path: Path, modules: dict[str, Path]) -> tuple[list[Edge], set[str]]:
@@ -74,7 +92,7 @@ def edges_of(source: str, path: Path, modules: dict[str, Path]) -> tuple[list[Ed
     for node in ast.walk(tree):
         if not isinstance(node, (ast.Import, ast.ImportFrom)):
             continue
-        for name in _imported_names(node, source, path.name == "__init__.py"):
+        for name in _imported_names(node, source, path.name == "__init__.py", modules):
             target = _resolve(name, modules)
             if target is None:
                 if id(node) not in in_functions and name:
@@ -134,6 +152,8 @@ def test_the_graph_is_read() -> None:
     pairs = {(e.source, e.target) for e in edges}
     assert ("engine.train.trainer", "engine.plan") in pairs
     assert ("dist_algos.allreduce", "dist_algos.base") in pairs
+    assert ("dist_algos.param_server.plugin", "dist_algos.param_server.wire") in pairs  # from package import module
+    assert ("dist_algos.param_server.plugin", "dist_algos.param_server") not in pairs
     assert "torch" in externals["core.distenv"]
     assert find_cycle([Edge("a", "b", 1, False), Edge("b", "c", 1, True), Edge("c", "a", 1, False)]) == ["a", "b", "c", "a"]
 
@@ -164,3 +184,52 @@ def test_in_function_imports_only_defer_heavy_optional_dependencies() -> None:
 def test_lower_floors_import_no_runner(module: str) -> None:
     edges, _ = graph()
     assert not [e for e in edges if e.source.split(".")[0] == module and floor(e.target) >= 2]
+
+
+def inner_floor(module: str, groups: list[tuple[str, ...]]) -> int | None:
+    """The group of INNER_FLOORS that places `module` (its longest matching prefix); None if none."""
+    placed = [(len(prefix), level) for level, prefixes in enumerate(groups) for prefix in prefixes
+              if module == prefix or module.startswith(prefix + ".")]
+    return max(placed)[1] if placed else None
+
+
+def upward_inside(edges: list[Edge], package: str, groups: list[tuple[str, ...]]) -> list[str]:
+    """The imports between modules of `package` that run up its inner floors (or leave a module
+    no group places)."""
+    wrong = []
+    for e in edges:
+        if e.source.split(".")[0] != package or e.target.split(".")[0] != package:
+            continue
+        low, high = inner_floor(e.source, groups), inner_floor(e.target, groups)
+        if low is None or high is None:
+            wrong.append(f"{e.source}:{e.line} imports {e.target}: place both in INNER_FLOORS[{package!r}]")
+        elif high > low:
+            wrong.append(f"{e.source}:{e.line} imports {e.target}, a floor up inside {package}/")
+    return wrong
+
+
+@pytest.mark.parametrize("package", sorted(INNER_FLOORS))
+def test_no_import_runs_up_a_floor_inside_a_package(package: str) -> None:
+    edges, _ = graph()
+    wrong = upward_inside(edges, package, INNER_FLOORS[package])
+    assert not wrong, "\n".join(wrong)
+
+
+def test_an_upward_import_planted_inside_dist_algos_is_caught(tmp_path: Path) -> None:
+    """A helper that imports the plugin contract, and a compressor that imports the registry, are
+    read from files like any module and caught; a plugin importing a helper is not."""
+    modules = project_modules()
+    groups = INNER_FLOORS["dist_algos"]
+    planted = {"dist_algos.machinery.planted": "from dist_algos.base import DistAlgorithm\n",
+               "dist_algos.compress.planted": "from dist_algos import register_algorithm\n",
+               "dist_algos.planted": "from dist_algos.machinery import flat\n"}
+    edges: list[Edge] = []
+    for name, code in planted.items():
+        path = tmp_path / f"{name}.py"
+        path.write_text(code)
+        edges += edges_of(name, path, modules)[0]
+    assert upward_inside(edges, "dist_algos", groups) == [
+        "dist_algos.machinery.planted:1 imports dist_algos.base, a floor up inside dist_algos/",
+        "dist_algos.compress.planted:1 imports dist_algos, a floor up inside dist_algos/"]
+    assert inner_floor("dist_algos.param_server.dgs", groups) == inner_floor("dist_algos.allreduce", groups) == 4
+    assert inner_floor("dist_algos.param_server.wire", groups) == 3

@@ -1,7 +1,7 @@
 """A synchronisation round that may fail: the plugin side of fault-tolerant mode (`ft.enabled`).
 
 In fault-tolerant mode every rank is its own replica group and the replicas average through
-torchft's Manager instead of a fixed process group (engine/ft/). A round is: a quorum (the live
+torchft's Manager instead of a fixed process group (docs/fault_tolerance.md). A round is: a quorum (the live
 replicas agree on who takes part; a replica that is behind heals there, receiving a live peer's
 whole state), an all_reduce mean over the participants, and a commit vote. If any participant
 failed during the round, the vote says no on every survivor: the averaged values are garbage
@@ -17,7 +17,8 @@ import torch
 
 
 class RoundAverager(ABC):
-    """What a plugin needs from fault-tolerant averaging; engine.ft.manager implements it."""
+    """What a plugin needs from fault-tolerant averaging; the trainer's fault-tolerant rounds
+    (`ManagerRounds`, on torchft's Manager) implement it."""
 
     @abstractmethod
     def begin(self) -> None:
