@@ -1,9 +1,10 @@
 """Name -> entry registries filled by decorators: models, data sets and algorithms alike.
 
 An entry registers itself where it is defined (`@REGISTRY.register("name")`), and a registry
-that is given its package imports every module of it on first use, so adding an entry is
-adding one file. Tests enumerate `names()`, so every entry goes through them without anyone
-remembering to list it.
+that is given its packages imports every module directly inside them on first use, so adding an
+entry is adding one file. A subpackage is searched only when it is listed itself, so helpers that
+register nothing live in one (dist_algos/machinery/) instead of on a skip list. Tests enumerate
+`names()`, so every entry goes through them without anyone remembering to list it.
 """
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ T = TypeVar("T")
 
 class Registry(Generic[T]):
     """`kind`: what an entry is ("algorithm"); `key`: the config key that names one ("algo.name");
-    `packages`: packages whose modules are imported before the first lookup (their entries
-    register themselves); module names starting with "_" or listed in `skip` are not."""
+    `packages`: packages whose modules (not their subpackages') are imported before the first
+    lookup (their entries register themselves); module names starting with "_" or listed in
+    `skip` are not."""
 
     def __init__(self, kind: str, key: str, packages: Iterable[str] = (), skip: Iterable[str] = ()) -> None:
         self.kind, self.key = kind, key
@@ -56,9 +58,9 @@ class Registry(Generic[T]):
         self._loaded = True
         for package in self._packages:
             pkg = importlib.import_module(package)
-            for mod in pkgutil.walk_packages(pkg.__path__, prefix=f"{package}."):
+            for mod in pkgutil.iter_modules(pkg.__path__, prefix=f"{package}."):
                 leaf = mod.name.rsplit(".", 1)[1]
-                if leaf.startswith("_") or leaf in self._skip:
+                if mod.ispkg or leaf.startswith("_") or leaf in self._skip:
                     continue
                 importlib.import_module(mod.name)
 

@@ -3,9 +3,11 @@
 Hydra composes YAML and command-line overrides into an untyped tree; every section of it has a
 dataclass here or next to the component it configures, and that dataclass is the one source of
 the section's defaults (Hydra's ConfigStore holds it, so the YAML files carry only what differs).
-A field declares what it accepts with `option(default, ge=..., gt=..., choices=...)` or an
-enum type, so that `optim.lr=-1` is one line naming the key, the value and the range, found
-before anything is launched, instead of a traceback on every rank.
+A field declares what it accepts with `option(default, ge=..., gt=..., le=..., lt=..., choices=...)`
+or an enum type, so that `optim.lr=-1` is one line naming the key, the value and the range, found
+before anything is launched, instead of a traceback on every rank. This is the one way a section
+states a range or a set of choices; checks that relate several keys, or a key and the world size,
+stay with the component that knows why.
 
 Sections derive from `Section`: `freeze(obj)` makes a validated section (and the sections inside
 it) read-only, so that once a run is planned nobody changes the config behind the plan's back.
@@ -61,9 +63,12 @@ def freeze(obj: Any) -> Any:
 
 def option(default: Any = MISSING, *, factory: Optional[Callable[[], Any]] = None,
            ge: Optional[float] = None, gt: Optional[float] = None, le: Optional[float] = None,
-           lt: Optional[float] = None, choices: Optional[Iterable[Any]] = None, doc: str = "") -> Any:
-    """A dataclass field with the values it accepts (None always passes: it means "not set")."""
-    meta = {k: v for k, v in {"ge": ge, "gt": gt, "le": le, "lt": lt, "doc": doc}.items() if v not in (None, "")}
+           lt: Optional[float] = None, choices: Optional[Iterable[Any]] = None, doc: str = "",
+           hint: str = "") -> Any:
+    """A dataclass field with the values it accepts (None always passes: it means "not set").
+    `hint` follows the accepted range in the error, in brackets: what null means, the usual value."""
+    meta = {k: v for k, v in {"ge": ge, "gt": gt, "le": le, "lt": lt, "doc": doc, "hint": hint}.items()
+            if v not in (None, "")}
     if choices is not None:
         meta["choices"] = tuple(choices)
     if factory is not None:
@@ -79,6 +84,11 @@ def _bound_text(meta: dict[str, Any]) -> str:
 
 def range_problem(value: Any, meta: dict[str, Any]) -> Optional[str]:
     """What is wrong with `value` under a field's declared range/choices (None: nothing)."""
+    problem = _range_problem(value, meta)
+    return f"{problem} ({meta['hint']})" if problem and meta.get("hint") else problem
+
+
+def _range_problem(value: Any, meta: dict[str, Any]) -> Optional[str]:
     if value is None:
         return None
     if "choices" in meta and value not in meta["choices"]:

@@ -1,9 +1,12 @@
 """Distributed-training algorithm plugins and their registry (`algo=NAME`).
 
-Every module in this package is imported on first use, so a plugin registers itself just by
-living here with `@register_algorithm`; its config dataclass is the one source of its options
-and their defaults (`register_configs` hands it to Hydra as the `algo=NAME` option), and tests
-enumerate `list_algorithms()`.
+The plugins are the modules at this package's root and in `param_server/` (the parameter-server
+family); both folders' modules are imported on first use, so a plugin registers itself just by
+living there with `@register_algorithm`. The contract is `base.py`; what plugins are built from
+lives in subpackages the registry never searches, `machinery/` (accounting, flat buffers,
+schedules, ...) and `compress/` (compression). A plugin's config dataclass is the one source of
+its options and their defaults (`register_configs` hands it to Hydra as the `algo=NAME` option),
+and tests enumerate `list_algorithms()`.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from core.schema import typed_section
 from dist_algos.base import AlgoConfig, DistAlgorithm
 
 ALGORITHMS: Registry[type[DistAlgorithm]] = Registry(
-    "algorithm", "algo.name", packages=["dist_algos"], skip={"base", "comm", "flat", "p2p"})
+    "algorithm", "algo.name", packages=["dist_algos", "dist_algos.param_server"])
 
 
 def register_algorithm(name: str) -> Callable[[type[DistAlgorithm]], type[DistAlgorithm]]:

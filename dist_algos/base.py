@@ -41,9 +41,9 @@ import torch
 import torch.nn as nn
 
 from core.distenv import DistContext
-from core.schema import Section
-from dist_algos.comm import CommStats
-from dist_algos.ft_round import RoundAverager
+from core.schema import Section, check_ranges
+from dist_algos.machinery.comm import CommStats
+from dist_algos.machinery.ft_round import RoundAverager
 
 
 class Role(str, enum.Enum):
@@ -53,10 +53,16 @@ class Role(str, enum.Enum):
 
 @dataclass
 class AlgoConfig(Section):
-    """Base of every plugin's config dataclass (`algo.*`); ranges are declared with
-    `core.schema.option` on the fields and checked before launch."""
+    """Base of every plugin's config dataclass (`algo.*`). Ranges and choices are declared with
+    `core.schema.option` on the fields and checked whenever a config is made: read from the
+    command line before launch (`typed_section`), or built in code (a test, a benchmark), so a
+    plugin never holds an out-of-range value and its `validate` checks only what relates
+    several settings or the world."""
 
     name: str = ""
+
+    def __post_init__(self) -> None:
+        check_ranges(self, "algo")
 
 
 @dataclass(frozen=True)
@@ -150,7 +156,7 @@ class DistAlgorithm(ABC):
     #: each must fail before launch with exit code 2 (tests/test_invalid_options.py).
     invalid_options: ClassVar[dict[str, str]] = {}
     #: Why this plugin cannot run in fault-tolerant mode (`ft.enabled=true`, checked before launch);
-    #: "" where it can: its communication is rounds of averages (`dist_algos.ft_round`).
+    #: "" where it can: its communication is rounds of averages (`dist_algos.machinery.ft_round`).
     ft_refusal: ClassVar[str] = ("it has no fault-tolerant round (its communication is not an average over "
                                  "whoever is alive that a failed round can roll back)")
     #: Fault-tolerant mode: the rounds this plugin averages through instead of the process group.
@@ -166,7 +172,9 @@ class DistAlgorithm(ABC):
     def validate(cls, cfg: AlgoConfig, world_size: int, local_size: int, hyper: HyperParams) -> None:
         """Raise `core.errors.UserError` for settings that cannot work at this world size (or with
         these optimizer settings: `hyper` is the run's real one, so a check of the optimizer
-        belongs here, before launch). Ranges declared on the config's fields are checked already."""
+        belongs here, before launch). Ranges and choices declared on the config's fields are
+        checked already, when the config was made; what is left is what relates settings to each
+        other, to the world or to the optimizer."""
 
     @classmethod
     def layout(cls, cfg: AlgoConfig, world_size: int) -> RankLayout:
@@ -198,7 +206,7 @@ class DistAlgorithm(ABC):
     def attach_ft_rounds(self, rounds: RoundAverager) -> None:
         """Fault-tolerant mode (after `setup`, before state is loaded): average through `rounds`,
         where a round may fail and must then be rolled back as the algorithm requires (see
-        `dist_algos.ft_round.run_round`). Only plugins with `ft_refusal == ""` are given one."""
+        `dist_algos.machinery.ft_round.run_round`). Only plugins with `ft_refusal == ""` are given one."""
         self.ft_rounds = rounds
 
     def no_sync(self) -> contextlib.AbstractContextManager[Any]:

@@ -30,8 +30,8 @@ from dist_algos.base import AlgoConfig, HyperParams, Scenario, StepContext, Trai
 from dist_algos.compress import build_chain, check_chain
 from dist_algos.compress.communicator import Communicator
 from dist_algos.compress.overlap import OverlappedExchange
-from dist_algos.flat import flat_grads
-from dist_algos.grad_buckets import MIB
+from dist_algos.machinery.flat import flat_grads
+from dist_algos.machinery.grad_buckets import MIB
 
 
 @dataclass

@@ -16,7 +16,7 @@ centre with the same arithmetic, so the centre is identical everywhere without a
 (the same values, one collective per period instead of two). The centre starts as the common
 initial weights. beta = 0.43 is the LSGD authors' setting (their script's c2).
 
-Fault-tolerant mode (`ft.enabled`): the elastic step is a round (`dist_algos.ft_round`) over the
+Fault-tolerant mode (`ft.enabled`): the elastic step is a round (`dist_algos.machinery.ft_round`) over the
 replicas alive at it, N their number (alpha = beta / N); a replica that heals receives a peer's
 centre with its model. A round that fails applies nothing (weights and centre stay as they were;
 the average it gathered is discarded) and is recorded in `failed_rounds`.
@@ -35,13 +35,13 @@ import torch
 import torch.nn as nn
 
 from dist_algos import register_algorithm
-from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, RankLayout, Scenario, StepContext, TrainInfo
-from dist_algos.comm import allreduce_bytes
-from dist_algos.consensus_eval import EvalCopy, consensus_eval_ranks, consensus_model, validate_eval_choice
-from dist_algos.flat import FlatBuffer, average_
-from dist_algos.ft_round import run_round
-from dist_algos.leader_select import pull_towards_
-from core.errors import UserError
+from dist_algos.base import AlgoConfig, DistAlgorithm, RankLayout, Scenario, StepContext, TrainInfo
+from dist_algos.machinery.comm import allreduce_bytes
+from dist_algos.machinery.consensus_eval import EvalCopy, consensus_eval_ranks, consensus_model
+from dist_algos.machinery.flat import FlatBuffer, average_
+from dist_algos.machinery.ft_round import run_round
+from dist_algos.machinery.leader_select import pull_towards_
+from core.schema import option
 
 EVAL_MODELS = ("center", "average", "local")
 
@@ -49,10 +49,11 @@ EVAL_MODELS = ("center", "average", "local")
 @dataclass
 class EASGDConfig(AlgoConfig):
     name: str = "easgd"
-    moving_rate: float = 0.43  # beta: the centre moves this far towards the workers' mean
-    sync_period: int = 16  # tau: steps between elastic updates
-    eval_model: str = "center"  # center | average | local
-    bn_batches: Optional[int] = None  # BN re-estimation batches per rank; None: one epoch
+    # beta: the centre moves this far towards the workers' mean
+    moving_rate: float = option(0.43, gt=0, le=1, hint="the paper's beta; 0.43 in LSGD's runs")
+    sync_period: int = option(16, ge=1)  # tau: steps between elastic updates
+    eval_model: str = option("center", choices=EVAL_MODELS)
+    bn_batches: Optional[int] = option(None, ge=0, hint="or null: one epoch")  # BN re-estimation batches per rank
 
 
 def elastic_update_(params: list[torch.Tensor], center: list[torch.Tensor], mean: list[torch.Tensor],
@@ -74,15 +75,6 @@ class EASGD(DistAlgorithm):
 
     cfg: EASGDConfig
     ft_refusal = ""  # a failed elastic round applies nothing
-
-    @classmethod
-    def validate(cls, cfg: EASGDConfig, world_size: int, local_size: int,
-                 hyper: HyperParams) -> None:
-        if cfg.sync_period < 1:
-            raise UserError(f"algo.sync_period={cfg.sync_period} must be at least 1")
-        if not 0.0 < cfg.moving_rate <= 1.0:
-            raise UserError(f"algo.moving_rate={cfg.moving_rate} must be in (0, 1] (the paper's beta; 0.43 in LSGD's runs)")
-        validate_eval_choice(cfg.eval_model, EVAL_MODELS, cfg.bn_batches)
 
     @classmethod
     def layout(cls, cfg: AlgoConfig, world_size: int) -> RankLayout:

@@ -2,7 +2,7 @@
 
 Every worker steps its own optimizer on its own data; after H local steps the workers average
 their models (parameters, plus the BatchNorm statistics and optimizer fields the config names).
-H comes from `dist_algos.sync_schedule`: constant, QSR's quadratic rule, the linear rule, or
+H comes from `dist_algos.machinery.sync_schedule`: constant, QSR's quadratic rule, the linear rule, or
 post-local SGD. The parallel baseline is `algo=allreduce` with the same optimizer. DiLoCo
 (`dist_algos.diloco`) is this class with an outer optimizer on the averaged change.
 
@@ -50,14 +50,15 @@ import torch.nn as nn
 
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, Scenario, StepContext, TrainInfo
-from dist_algos.bn_stats import bn_statistics, float_buffers, recompute_bn_statistics
-from dist_algos.comm import allreduce_bytes
+from dist_algos.machinery.bn_stats import bn_statistics, float_buffers, recompute_bn_statistics
+from dist_algos.machinery.comm import allreduce_bytes
 from dist_algos.compress import build_chain, check_chain
 from dist_algos.compress.model_delta import ModelDelta
-from dist_algos.flat import BUCKET_BYTES, FlatBuffer, Slot, average_, flat_grads
-from dist_algos.ft_round import run_round
-from dist_algos.sync_schedule import SCHEDULES, SyncRule
+from dist_algos.machinery.flat import BUCKET_BYTES, FlatBuffer, Slot, average_, flat_grads
+from dist_algos.machinery.ft_round import run_round
+from dist_algos.machinery.sync_schedule import SCHEDULES, SyncRule
 from core.errors import UserError
+from core.schema import option
 
 OPTIMIZER_FIELDS = ("momentum_buffer", "exp_avg", "exp_avg_sq")
 BN_MODES = ("local", "average", "recompute")
@@ -69,36 +70,28 @@ class LocalModelConfig(AlgoConfig):
     (local SGD, DiLoCo): how the model it evaluates gets its BatchNorm statistics, and the size
     cap of one all_reduce."""
 
-    bn: str = "local"  # local | average | recompute
-    bn_batches: int = 16  # recompute: micro-batches over all workers (each takes bn_batches // K)
-    bn_micro_batch: Optional[int] = None  # recompute: split training batches to this size; None: whole
-    bucket_mb: Optional[float] = None  # cap of one all_reduce; None: dist_algos.flat.BUCKET_BYTES
+    bn: str = option("local", choices=BN_MODES)
+    bn_batches: int = option(16, ge=1)  # recompute: micro-batches over all workers (each takes bn_batches // K)
+    # recompute: split training batches to this size; None: whole
+    bn_micro_batch: Optional[int] = option(None, ge=1, hint="or null")
+    # cap of one all_reduce; None: dist_algos.machinery.flat.BUCKET_BYTES
+    bucket_mb: Optional[float] = option(None, gt=0, hint="or null for the default")
 
 
 @dataclass
 class LocalSGDConfig(LocalModelConfig):
     name: str = "local_sgd"
-    sync_schedule: str = "constant"  # constant | qsr | linear | post_local
-    period: int = 4  # H (constant); H_base (qsr, linear); H after the switch (post_local)
-    warmup_period: Optional[int] = None  # qsr/linear: H during LR warmup (QSR's init_h); None: period
-    alpha: float = 0.0175  # qsr/linear: H = max(period, floor((alpha / lr)^power))
-    power: float = 2.0  # qsr; linear forces 1
-    switch_step: int = 0  # post_local: synchronous data parallelism before this step
+    sync_schedule: str = option("constant", choices=SCHEDULES)
+    period: int = option(4, ge=1)  # H (constant); H_base (qsr, linear); H after the switch (post_local)
+    # qsr/linear: H during LR warmup (QSR's init_h); None: period
+    warmup_period: Optional[int] = option(None, ge=1, hint="or null")
+    # qsr/linear: H = max(period, floor((alpha / lr)^power))
+    alpha: float = option(0.0175, ge=0, hint="0 keeps H at the warmup period")
+    power: float = option(2.0, gt=0, hint="QSR uses 2")  # qsr; linear forces 1
+    switch_step: int = option(0, ge=0)  # post_local: synchronous data parallelism before this step
     average_optimizer_fields: list[str] = field(default_factory=list)  # momentum_buffer, exp_avg, exp_avg_sq
     compress: list[str] = field(default_factory=list)  # compress the averaged model delta (dist_algos.compress); []: exact average
     feedback: str = "none"  # error feedback of that compression: none | ef | ef21 | decayed:BETA | momentum:BETA
-
-
-def check_local_model_options(cfg: LocalModelConfig) -> None:
-    """The BatchNorm and bucket options every local-model method shares (one-line UserErrors)."""
-    if cfg.bn not in BN_MODES:
-        raise UserError(f"algo.bn={cfg.bn!r} is not one of {', '.join(BN_MODES)}")
-    if cfg.bn_batches < 1:
-        raise UserError(f"algo.bn_batches={cfg.bn_batches} must be at least 1")
-    if cfg.bn_micro_batch is not None and cfg.bn_micro_batch < 1:
-        raise UserError(f"algo.bn_micro_batch={cfg.bn_micro_batch} must be at least 1 (or null)")
-    if cfg.bucket_mb is not None and cfg.bucket_mb <= 0:
-        raise UserError(f"algo.bucket_mb={cfg.bucket_mb} must be positive (or null for the default)")
 
 
 @register_algorithm("local_sgd")
@@ -121,26 +114,13 @@ class LocalSGD(DistAlgorithm):
                  hyper: HyperParams) -> None:
         assert isinstance(cfg, LocalModelConfig)
         cls.validate_sync_rule(cfg)
-        check_local_model_options(cfg)
         check_fields_for_optimizer(cls.averaged_fields(cfg), hyper)
 
     @classmethod
     def validate_sync_rule(cls, cfg: AlgoConfig) -> None:
-        """One-line errors for the options `sync_rule` reads (a subclass with other options for
-        its rounds overrides both)."""
+        """One-line errors for the options `sync_rule` reads that no declared range covers (a
+        subclass with other options for its rounds overrides both)."""
         assert isinstance(cfg, LocalSGDConfig)
-        if cfg.sync_schedule not in SCHEDULES:
-            raise UserError(f"algo.sync_schedule={cfg.sync_schedule!r} is not one of {', '.join(SCHEDULES)}")
-        if cfg.period < 1:
-            raise UserError(f"algo.period={cfg.period} must be at least 1")
-        if cfg.warmup_period is not None and cfg.warmup_period < 1:
-            raise UserError(f"algo.warmup_period={cfg.warmup_period} must be at least 1 (or null)")
-        if cfg.alpha < 0:
-            raise UserError(f"algo.alpha={cfg.alpha} must be >= 0 (0 keeps H at the warmup period)")
-        if cfg.power <= 0:
-            raise UserError(f"algo.power={cfg.power} must be positive (QSR uses 2)")
-        if cfg.switch_step < 0:
-            raise UserError(f"algo.switch_step={cfg.switch_step} must be >= 0")
         fields = cfg.average_optimizer_fields
         bad = [f for f in fields if f not in OPTIMIZER_FIELDS]
         if bad or len(set(fields)) != len(fields):

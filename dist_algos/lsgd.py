@@ -41,12 +41,12 @@ import torch.nn as nn
 
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, RankLayout, Scenario, StepContext, TrainInfo
-from dist_algos.comm import allgather_bytes
-from dist_algos.consensus_eval import (EvalCopy, broadcast_model_, consensus_eval_ranks, consensus_model,
-                                      validate_eval_choice)
-from dist_algos.flat import FlatBuffer, average_
-from dist_algos.leader_select import RunningLoss, choose_leader, gather_losses, pull_towards_
+from dist_algos.machinery.comm import allgather_bytes
+from dist_algos.machinery.consensus_eval import EvalCopy, broadcast_model_, consensus_eval_ranks, consensus_model
+from dist_algos.machinery.flat import FlatBuffer, average_
+from dist_algos.machinery.leader_select import RunningLoss, choose_leader, gather_losses, pull_towards_
 from core.errors import UserError
+from core.schema import option
 
 EVAL_MODELS = ("leader", "average", "local")
 MESSAGE_BYTES = 16  # (rank, running mean) as two float64
@@ -55,16 +55,16 @@ MESSAGE_BYTES = 16  # (rank, running mean) as two float64
 @dataclass
 class LSGDConfig(AlgoConfig):
     name: str = "lsgd"
-    group_size: Optional[int] = None  # ranks per group; None: the launcher's ranks per node
-    loss_window: int = 10  # running mean over this many minibatch losses (paper: 10 CIFAR, 64 ImageNet)
-    local_period: int = 4  # steps between local leader refreshes (l_comm)
-    global_period: int = 16  # steps between global leader refreshes (g_comm), a multiple of local_period
-    local_pull: float = 0.1  # per-step pull towards the cached local leader, spread over local_period (p1)
-    global_pull: float = 0.1  # per-step pull towards the cached global leader, spread over global_period (p2)
-    local_refresh_pull: float = 0.1  # pull towards the fresh local leader at a refresh (c1)
-    global_refresh_pull: float = 0.1  # pull towards the fresh global leader at a refresh (c2)
-    eval_model: str = "leader"  # leader | average | local
-    bn_batches: Optional[int] = None  # `average`: BN re-estimation batches per rank; None: one epoch
+    group_size: Optional[int] = option(None, ge=1)  # ranks per group; None: the launcher's ranks per node
+    loss_window: int = option(10, ge=1)  # running mean over this many minibatch losses (paper: 10 CIFAR, 64 ImageNet)
+    local_period: int = option(4, ge=1)  # steps between local leader refreshes (l_comm)
+    global_period: int = option(16, ge=1)  # steps between global leader refreshes (g_comm), a multiple of local_period
+    local_pull: float = option(0.1, ge=0, le=1)  # per-step pull towards the cached local leader, spread over local_period (p1)
+    global_pull: float = option(0.1, ge=0, le=1)  # per-step pull towards the cached global leader, spread over global_period (p2)
+    local_refresh_pull: float = option(0.1, ge=0, le=1)  # pull towards the fresh local leader at a refresh (c1)
+    global_refresh_pull: float = option(0.1, ge=0, le=1)  # pull towards the fresh global leader at a refresh (c2)
+    eval_model: str = option("leader", choices=EVAL_MODELS)
+    bn_batches: Optional[int] = option(None, ge=0, hint="or null: one epoch")  # `average`: BN re-estimation batches per rank
 
 
 def resolve_group_size(cfg: LSGDConfig, local_size: int) -> int:
@@ -102,20 +102,13 @@ class LSGD(DistAlgorithm):
     @classmethod
     def validate(cls, cfg: LSGDConfig, world_size: int, local_size: int,
                  hyper: HyperParams) -> None:
-        for key in ("loss_window", "local_period", "global_period"):
-            if getattr(cfg, key) < 1:
-                raise UserError(f"algo.{key}={getattr(cfg, key)} must be at least 1")
         group = resolve_group_size(cfg, local_size)
-        if group < 1 or world_size % group:
+        if world_size % group:
             raise UserError(f"algo.group_size={group} must divide the {world_size} ranks "
                             "(set algo.group_size, default: ranks per node)")
         if local_leader_active(world_size, group) and cfg.global_period % cfg.local_period:
             raise UserError(f"algo.global_period={cfg.global_period} must be a multiple of "
                             f"algo.local_period={cfg.local_period}")
-        for key in ("local_pull", "global_pull", "local_refresh_pull", "global_refresh_pull"):
-            if not 0.0 <= getattr(cfg, key) <= 1.0:
-                raise UserError(f"algo.{key}={getattr(cfg, key)} must be in [0, 1]")
-        validate_eval_choice(cfg.eval_model, EVAL_MODELS, cfg.bn_batches)
 
     @classmethod
     def layout(cls, cfg: AlgoConfig, world_size: int) -> RankLayout:

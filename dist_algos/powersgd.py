@@ -4,10 +4,10 @@ Synchronous data parallelism whose gradient all_reduce is compressed. Per step, 
 `start_iter` steps (plain all_reduce of the whole gradient, while training is most sensitive):
 
 1. error feedback: each gradient matrix gets back what compression left out last step;
-2. power iteration (`dist_algos.low_rank`): P = M Q from the warm-started Q (kept from the last
-   step; random, from a seeded generator, the first time or without warm start), all-reduce P
-   (summed: it is orthogonalised next, so its scale does not matter), orthogonalise it,
-   Q = M^T P, all-reduce Q as a mean;
+2. power iteration (`dist_algos.compress.powersgd_math`): P = M Q from the warm-started Q (kept
+   from the last step; random, from a seeded generator, the first time or without warm start),
+   all-reduce P (summed: it is orthogonalised next, so its scale does not matter), orthogonalise
+   it, Q = M^T P, all-reduce Q as a mean;
 3. the update direction is P Q^T, the same on every rank; what it missed of this rank's M is
    its new error. Vectors (biases, norm weights) and matrices whose compression would not send
    `min_compression_rate` times fewer numbers are all-reduced uncompressed, with P.
@@ -18,7 +18,7 @@ Q initialisations decide the future and are checkpointed. PyTorch's `powerSGD_ho
 the same per gradient bucket; tests/test_powersgd.py compares the two step for step.
 
 Fault-tolerant mode (`ft.enabled`): each step is one round over the live replicas
-(`dist_algos.ft_round`): quorum, the two means (P with the vectors, then Q) over its
+(`dist_algos.machinery.ft_round`): quorum, the two means (P with the vectors, then Q) over its
 participants, commit vote. A failed round takes no optimizer step and puts back what the step
 changed (error buffers, Q's, warm-start flag, initialisation count), so the next round starts
 from the same state on every survivor. A replica that healed in the round holds a peer's model,
@@ -39,9 +39,9 @@ from core.errors import UserError
 from core.schema import option
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, Scenario, StepContext, TrainInfo
-from dist_algos.comm import allreduce_bytes
-from dist_algos.flat import FlatBuffer, average_, flat_grads
-from dist_algos.low_rank import compressed_shape, orthogonalize_
+from dist_algos.machinery.comm import allreduce_bytes
+from dist_algos.machinery.flat import average_, flat_grads
+from dist_algos.compress.powersgd_math import compressed_shape, orthogonalize_
 
 
 @dataclass

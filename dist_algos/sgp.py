@@ -1,7 +1,7 @@
 """SGP: stochastic gradient push (Assran, Loizou, Ballas, Rabbat; ICML 2019), a WAGMA baseline.
 
 Push-sum gossip over a time-varying directed exponential graph: at step t rank i sends to
-i + 2^((t + j) mod m), j < `num_peers` (`dist_algos.group_schedule.exponential_peers`). Each
+i + 2^((t + j) mod m), j < `num_peers` (`dist_algos.machinery.group_schedule.exponential_peers`). Each
 rank keeps a push-sum weight w (1 at the start) next to its model; the model the network sees
 (forward, backward, the optimizer) is the de-biased z = x / w, where x is the push-sum numerator.
 Per step, as in the SGP paper's Algorithm 1:
@@ -25,19 +25,21 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from dist_algos import p2p, register_algorithm
+from dist_algos import register_algorithm
+from dist_algos.machinery import p2p
 from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, Scenario, StepContext, TrainInfo
-from dist_algos.consensus import average_model_, average_model_copy
-from dist_algos.flat import FlatBuffer
-from dist_algos.group_schedule import exponential_hops, exponential_peers
+from dist_algos.machinery.consensus import average_model_, average_model_copy
+from dist_algos.machinery.flat import FlatBuffer
+from dist_algos.machinery.group_schedule import exponential_hops, exponential_peers
 from core.distenv import DistContext
 from core.errors import UserError
+from core.schema import option
 
 
 @dataclass
 class SgpConfig(AlgoConfig):
     name: str = "sgp"
-    num_peers: int = 1  # out-peers per step (SGP paper: 1; WAGMA's baseline: 2)
+    num_peers: int = option(1, ge=1)  # out-peers per step (SGP paper: 1; WAGMA's baseline: 2)
 
 
 @register_algorithm("sgp")
@@ -55,8 +57,6 @@ class Sgp(DistAlgorithm):
     def validate(cls, cfg: SgpConfig, world_size: int, local_size: int,
                  hyper: HyperParams) -> None:
         hops = exponential_hops(world_size)
-        if cfg.num_peers < 1:
-            raise UserError(f"algo.num_peers={cfg.num_peers} must be at least 1")
         if world_size > 1 and cfg.num_peers > hops:
             raise UserError(f"algo.num_peers={cfg.num_peers}: {world_size} workers have only {hops} distinct "
                             f"exponential-graph peers; use at most {hops}")

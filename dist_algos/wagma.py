@@ -3,7 +3,7 @@ Alistarh, Hoefler; TPDS 2021).
 
 Every step each worker averages its weights inside a small group, then applies its own
 gradient (computed at the weights before averaging) with the local optimizer; the groups change
-from step to step (`dist_algos.group_schedule.GroupSchedule`: recursive doubling, alternating
+from step to step (`dist_algos.machinery.group_schedule.GroupSchedule`: recursive doubling, alternating
 between consecutive and rank-strided groups) so that information spreads over the whole world;
 every tau-th step (`global_period`) the average is global instead, which bounds how far apart
 the models can drift and how stale any contribution can be.
@@ -14,7 +14,7 @@ Two modes:
   arrive at a step starts the group average and slower members contribute the model they
   published last; the training thread waits only at the global average, and a group average
   reaches its model one step later (or more, when communication is slower than a step), as a
-  correction that keeps the local steps taken meanwhile. See `dist_algos.wait_avoiding` for
+  correction that keeps the local steps taken meanwhile. See `dist_algos.machinery.wait_avoiding` for
   the design and why it cannot deadlock. Timing decides which models meet, so this mode is not
   bit-reproducible.
 - `wait_avoiding=false`: the same schedule, synchronously, from the training thread; equal to
@@ -43,13 +43,14 @@ import torch.nn as nn
 
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, Scenario, StepContext, TrainInfo
-from dist_algos.comm import allreduce_bytes
-from dist_algos.consensus import average_model_, average_model_copy
-from dist_algos.flat import FlatBuffer, average_
-from dist_algos.group_schedule import GroupSchedule, is_global_step, log2_exact
-from dist_algos.wait_avoiding import Round, WaitAvoidingAverager
+from dist_algos.machinery.comm import allreduce_bytes
+from dist_algos.machinery.consensus import average_model_, average_model_copy
+from dist_algos.machinery.flat import FlatBuffer, average_
+from dist_algos.machinery.group_schedule import GroupSchedule, is_global_step, log2_exact
+from dist_algos.machinery.wait_avoiding import Round, WaitAvoidingAverager
 from core.distenv import DistContext
 from core.errors import UserError
+from core.schema import option
 
 # Activation messages may be hours apart (a long evaluation between two steps): the signal
 # group's receives must not time out the way a stuck collective should.
@@ -60,7 +61,8 @@ SIGNAL_TIMEOUT = datetime.timedelta(days=7)
 class WagmaConfig(AlgoConfig):
     name: str = "wagma"
     group_size: int = 2  # G: a power of two dividing the number of workers (paper: 8 of 64)
-    global_period: int = 10  # tau: a global average every tau-th step, the staleness bound
+    # tau: a global average every tau-th step, the staleness bound
+    global_period: int = option(10, ge=1, hint="tau, the steps between global averages")
     wait_avoiding: bool = True  # false: synchronous group averages (deterministic)
 
 
@@ -91,9 +93,6 @@ class Wagma(DistAlgorithm):
         if cfg.group_size > world_size:
             raise UserError(f"algo.group_size={cfg.group_size} is larger than the {world_size} workers; "
                             f"use at most {world_size}")
-        if cfg.global_period < 1:
-            raise UserError(f"algo.global_period={cfg.global_period} must be at least 1 "
-                            "(tau, the steps between global averages)")
 
     def __init__(self, cfg: WagmaConfig, ctx: DistContext) -> None:
         super().__init__(cfg, ctx)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dist_algos.compressors import (clip_by_norm_, dgc_, dgc_warmup_density, gradient_dropping_, layer_k, samomentum_,
-                                    topk_per_layer)
+from dist_algos.compress.sparse_feedback import clip_by_norm_, dgc_, dgc_warmup_density, gradient_dropping_, samomentum_
+from dist_algos.compress.topk import layer_k, topk_per_layer
 from dist_algos.param_server import wire
 from dist_algos.param_server.layout import partition
 from core.errors import UserError

@@ -10,7 +10,7 @@ import torch
 
 from core.distenv import DevicePlan, plan_devices, sharing_note
 from core.errors import UserError
-from dist_algos.p2p import staging_device
+from dist_algos.machinery.p2p import staging_device
 from tests.harness import compose, run_ranks
 
 
@@ -87,7 +87,7 @@ def test_staging_device(backend: str, device: str, expected: Any) -> None:
 
 def _staged_exchange(rank: int, world: int) -> list[float]:
     """Both directions through a host buffer (what a CUDA tensor on a gloo group takes)."""
-    from dist_algos.p2p import irecv_via, isend_via
+    from dist_algos.machinery.p2p import irecv_via, isend_via
 
     host = torch.device("cpu")
     mine = torch.full((5,), float(rank + 1))

@@ -14,6 +14,7 @@ each other though they share a floor. No module imports another's `_private` nam
 from __future__ import annotations
 
 import ast
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,9 +24,18 @@ REPO = Path(__file__).resolve().parent.parent
 FLOORS = {"core": 0, "data": 1, "models": 1, "dist_algos": 1, "engine": 2, "cli": 3, "bench": 3}
 #: packages too heavy, or too rarely needed, to import before they are chosen
 HEAVY_OPTIONAL = ("ffcv", "nvidia.dali", "wandb", "matplotlib", "submitit", "deepspeed", "numba", "torchft")
-#: the floors inside a package, from the ground up: each a group of module prefixes (a module
-#: belongs to its longest matching prefix); a module imports its own floor or lower ones
+#: Floors inside a package, lowest first, each a group of module prefixes: a prefix names a module
+#: and the modules under it, and the longest prefix naming a module places it. An import inside
+#: the package stays in its group or goes down.
 INNER_FLOORS: dict[str, list[tuple[str, ...]]] = {
+    "dist_algos": [
+        ("dist_algos.machinery",),  # what plugins are built from: accounting, flat buffers, schedules
+        ("dist_algos.compress",),  # compression, usable without the plugin contract
+        ("dist_algos.base",),  # the plugin contract
+        ("dist_algos.param_server.layout", "dist_algos.param_server.wire",  # the parameter-server base
+         "dist_algos.param_server.server", "dist_algos.param_server.plugin"),
+        ("dist_algos", "dist_algos.param_server"),  # the registry and the plugins
+    ],
     "engine": [
         # the parts and their config sections: checkpoint format, reports, the trainer's
         # components, what launching needs (section, hostfile, network, commands), the `ft`
@@ -41,8 +51,6 @@ INNER_FLOORS: dict[str, list[tuple[str, ...]]] = {
 INNER_APART: dict[str, list[tuple[str, str]]] = {
     "engine": [("engine.rank", "engine.drivers")],
 }
-#: `from x import _name` still in the tree, each to be removed by the issue that owns it
-KNOWN_PRIVATE_IMPORTS = {("dist_algos.compressors", "_topk_indices")}  # issue 32's dist_algos/ half
 
 
 @dataclass(frozen=True)
@@ -77,15 +85,25 @@ def _resolve(name: str, modules: dict[str, Path]) -> str | None:
     return None
 
 
-def _imported_names(node: ast.Import | ast.ImportFrom, source: str, is_package: bool) -> list[str]:
-    if isinstance(node, ast.Import):
-        return [alias.name for alias in node.names]
+def _from_base(node: ast.ImportFrom, source: str, is_package: bool) -> str:
+    """The module a `from ... import` names, relative imports resolved against the importer's package."""
     base = node.module or ""
-    if node.level:  # relative: resolve against the importing module's package
+    if node.level:
         package = source.split(".") if is_package else source.split(".")[:-1]
         package = package[:len(package) - (node.level - 1)]
         base = ".".join(package + ([base] if base else []))
-    return [base] + [f"{base}.{alias.name}" for alias in node.names]
+    return base
+
+
+def _imported_names(node: ast.Import | ast.ImportFrom, source: str, is_package: bool,
+                    modules: dict[str, Path]) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = _from_base(node, source, is_package)
+    names = [f"{base}.{alias.name}" for alias in node.names]
+    # `from package import module` needs the module, as `import package.module` does; the
+    # package's own code only where a name comes from it
+    return names if all(n in modules for n in names) else [base] + names
 
 
 def edges_of(source: str, path: Path, modules: dict[str, Path]) -> tuple[list[Edge], set[str]]:
@@ -98,7 +116,7 @@ def edges_of(source: str, path: Path, modules: dict[str, Path]) -> tuple[list[Ed
     for node in ast.walk(tree):
         if not isinstance(node, (ast.Import, ast.ImportFrom)):
             continue
-        for name in _imported_names(node, source, path.name == "__init__.py"):
+        for name in _imported_names(node, source, path.name == "__init__.py", modules):
             target = _resolve(name, modules)
             if target is None:
                 if id(node) not in in_functions and name:
@@ -158,6 +176,8 @@ def test_the_graph_is_read() -> None:
     pairs = {(e.source, e.target) for e in edges}
     assert ("engine.rank.trainer", "engine.plan") in pairs
     assert ("dist_algos.allreduce", "dist_algos.base") in pairs
+    assert ("dist_algos.param_server.plugin", "dist_algos.param_server.wire") in pairs  # from package import module
+    assert ("dist_algos.param_server.plugin", "dist_algos.param_server") not in pairs
     assert "torch" in externals["core.distenv"]
     assert find_cycle([Edge("a", "b", 1, False), Edge("b", "c", 1, True), Edge("c", "a", 1, False)]) == ["a", "b", "c", "a"]
 
@@ -190,40 +210,46 @@ def test_lower_floors_import_no_runner(module: str) -> None:
     assert not [e for e in edges if e.source.split(".")[0] == module and floor(e.target) >= 2]
 
 
-# ---- floors inside a package --------------------------------------------------------------------
-
-def inner_group(module: str, groups: list[tuple[str, ...]]) -> tuple[int, str] | None:
-    """(floor, prefix) of the longest prefix that `module` falls under; None when none does."""
-    found = [(len(p), i, p) for i, floor_ in enumerate(groups) for p in floor_
-             if module == p or module.startswith(p + ".")]
-    if not found:
-        return None
-    _, index, prefix = max(found)
-    return index, prefix
+def placing_prefix(module: str, groups: list[tuple[str, ...]]) -> str | None:
+    """The longest prefix of INNER_FLOORS' groups that names `module`; None if none does."""
+    placed = [prefix for prefixes in groups for prefix in prefixes
+              if module == prefix or module.startswith(prefix + ".")]
+    return max(placed, key=len) if placed else None
 
 
-def inner_violations(edges: list[Edge], package: str, groups: list[tuple[str, ...]],
-                     apart: list[tuple[str, str]]) -> list[str]:
-    """Every edge inside `package` that runs up its floors, or between two groups kept apart."""
+def inner_floor(module: str, groups: list[tuple[str, ...]]) -> int | None:
+    """The group of INNER_FLOORS that places `module` (its longest matching prefix); None if none."""
+    placed = [(len(prefix), level) for level, prefixes in enumerate(groups) for prefix in prefixes
+              if module == prefix or module.startswith(prefix + ".")]
+    return max(placed)[1] if placed else None
+
+
+def upward_inside(edges: list[Edge], package: str, groups: list[tuple[str, ...]],
+                  apart: Sequence[tuple[str, str]] = ()) -> list[str]:
+    """The imports between modules of `package` that run up its inner floors (or leave a module
+    no group places), or join two groups kept `apart`."""
     wrong = []
     for e in edges:
         if e.source.split(".")[0] != package or e.target.split(".")[0] != package:
             continue
-        src, dst = inner_group(e.source, groups), inner_group(e.target, groups)
-        if src is None or dst is None:
-            continue  # the package itself, or a module no floor names (test_every_module_has_an_inner_floor)
-        if dst[0] > src[0]:
-            wrong.append(f"{e.source}:{e.line} imports {e.target}, a floor up ({src[1]} is on floor {src[0]}, "
-                         f"{dst[1]} on floor {dst[0]})")
-        elif {src[1], dst[1]} in [set(pair) for pair in apart] and src[1] != dst[1]:
-            wrong.append(f"{e.source}:{e.line} imports {e.target}: {src[1]} and {dst[1]} are kept apart")
+        low, high = inner_floor(e.source, groups), inner_floor(e.target, groups)
+        if low is None or high is None:
+            wrong.append(f"{e.source}:{e.line} imports {e.target}: place both in INNER_FLOORS[{package!r}]")
+        elif high > low:
+            wrong.append(f"{e.source}:{e.line} imports {e.target}, a floor up inside {package}/")
+        else:
+            ends = {placing_prefix(e.source, groups), placing_prefix(e.target, groups)}
+            pair = next((p for p in apart if set(p) == ends), None)
+            if pair is not None:
+                wrong.append(f"{e.source}:{e.line} imports {e.target}: {placing_prefix(e.source, groups)} and "
+                             f"{placing_prefix(e.target, groups)} are kept apart")
     return wrong
 
 
 @pytest.mark.parametrize("package", sorted(INNER_FLOORS))
 def test_no_import_runs_up_a_floor_inside_a_package(package: str) -> None:
     edges, _ = graph()
-    wrong = inner_violations(edges, package, INNER_FLOORS[package], INNER_APART.get(package, []))
+    wrong = upward_inside(edges, package, INNER_FLOORS[package], INNER_APART.get(package, []))
     assert not wrong, "\n".join(wrong)
 
 
@@ -232,7 +258,7 @@ def test_every_module_has_an_inner_floor(package: str) -> None:
     """A new folder or module inside the package is placed on a floor, not silently unchecked."""
     groups = INNER_FLOORS[package]
     unplaced = [m for m in project_modules() if m.split(".")[0] == package and m != package
-                and inner_group(m, groups) is None]
+                and inner_floor(m, groups) is None]
     assert not unplaced, f"place these in INNER_FLOORS[{package!r}]: {', '.join(sorted(unplaced))}"
 
 
@@ -248,7 +274,7 @@ def test_a_planted_upward_import_is_caught(tmp_path: Path) -> None:
         path = tmp_path / (name.replace(".", "_") + ".py")
         path.write_text(text)
         edges += edges_of(name, path, {**modules, name: path})[0]
-    wrong = inner_violations(edges, "engine", INNER_FLOORS["engine"], INNER_APART["engine"])
+    wrong = upward_inside(edges, "engine", INNER_FLOORS["engine"], INNER_APART["engine"])
     assert len(wrong) == 3, wrong
     assert "engine.train.planted:1 imports engine.plan, a floor up" in wrong[0]
     assert "engine.plan:1 imports engine.drivers.launcher, a floor up" in wrong[1]
@@ -256,7 +282,27 @@ def test_a_planted_upward_import_is_caught(tmp_path: Path) -> None:
         in wrong[2]
     # and nothing where the imports run down
     down = [Edge("engine.plan", "engine.train.optim", 1, False), Edge("engine.rank.trainer", "engine.plan", 1, False)]
-    assert inner_violations(down, "engine", INNER_FLOORS["engine"], INNER_APART["engine"]) == []
+    assert upward_inside(down, "engine", INNER_FLOORS["engine"], INNER_APART["engine"]) == []
+
+
+def test_an_upward_import_planted_inside_dist_algos_is_caught(tmp_path: Path) -> None:
+    """A helper that imports the plugin contract, and a compressor that imports the registry, are
+    read from files like any module and caught; a plugin importing a helper is not."""
+    modules = project_modules()
+    groups = INNER_FLOORS["dist_algos"]
+    planted = {"dist_algos.machinery.planted": "from dist_algos.base import DistAlgorithm\n",
+               "dist_algos.compress.planted": "from dist_algos import register_algorithm\n",
+               "dist_algos.planted": "from dist_algos.machinery import flat\n"}
+    edges: list[Edge] = []
+    for name, code in planted.items():
+        path = tmp_path / f"{name}.py"
+        path.write_text(code)
+        edges += edges_of(name, path, modules)[0]
+    assert upward_inside(edges, "dist_algos", groups) == [
+        "dist_algos.machinery.planted:1 imports dist_algos.base, a floor up inside dist_algos/",
+        "dist_algos.compress.planted:1 imports dist_algos, a floor up inside dist_algos/"]
+    assert inner_floor("dist_algos.param_server.dgs", groups) == inner_floor("dist_algos.allreduce", groups) == 4
+    assert inner_floor("dist_algos.param_server.wire", groups) == 3
 
 
 # ---- private names ------------------------------------------------------------------------------
@@ -268,8 +314,7 @@ def private_imports(modules: dict[str, Path]) -> set[tuple[str, str]]:
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if not isinstance(node, ast.ImportFrom) or node.module == "__future__":
                 continue
-            base = _imported_names(node, source, path.name == "__init__.py")[0]
-            if _resolve(base, modules) is None:
+            if _resolve(_from_base(node, source, path.name == "__init__.py"), modules) is None:
                 continue
             found |= {(source, a.name) for a in node.names if a.name.startswith("_") and not a.name.startswith("__")}
     return found
@@ -277,11 +322,8 @@ def private_imports(modules: dict[str, Path]) -> set[tuple[str, str]]:
 
 def test_no_module_imports_another_modules_private_name() -> None:
     """A `_name` is its module's own; what another module needs is made public where it lives."""
-    found = private_imports(project_modules())
-    new = sorted(found - KNOWN_PRIVATE_IMPORTS)
-    assert not new, "\n".join(f"{m} imports {n}: make it public where it lives" for m, n in new)
-    gone = sorted(KNOWN_PRIVATE_IMPORTS - found)
-    assert not gone, f"no longer imported, remove from KNOWN_PRIVATE_IMPORTS: {gone}"
+    found = sorted(private_imports(project_modules()))
+    assert not found, "\n".join(f"{m} imports {n}: make it public where it lives" for m, n in found)
 
 
 def test_a_planted_private_import_is_caught(tmp_path: Path) -> None:

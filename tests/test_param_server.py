@@ -199,7 +199,7 @@ def test_two_workers_with_delays_and_two_servers() -> None:
     assert torch.equal(results[0][4]["global"], results[0][5]["global"])
     assert results[0][4]["summary"]["resyncs"] == 24 // 5
     # float16 values: 2 bytes per pushed value instead of 4, the rest of the message unchanged
-    from dist_algos.compressors import layer_k
+    from dist_algos.compress.topk import layer_k
 
     per_push = sum(layer_k([p.numel() for p in make_model(batch_norm=True).parameters()], 0.01))
     fp16, fp32 = results[1][6]["comm"], results[1][3]["comm"]

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from dist_algos.compressors import layer_k
+from dist_algos.compress.topk import layer_k
 from dist_algos.param_server import wire
 from dist_algos.param_server.layout import Shard
 from dist_algos.param_server.server import ServerState, Turns

@@ -132,7 +132,7 @@ def test_compression_actually_happened(runs: list[dict[str, Any]]) -> None:
 
 
 def test_compressed_shapes_follow_the_hooks_rule() -> None:
-    from dist_algos.low_rank import compressed_shape
+    from dist_algos.compress.powersgd_math import compressed_shape
 
     assert compressed_shape(torch.Size([64]), 2, 2.0) is None  # vectors travel uncompressed
     assert compressed_shape(torch.Size([4, 1, 3, 3]), 2, 2.0) is None  # (4 + 9) 2 x 2 = 52 >= 36
@@ -142,7 +142,7 @@ def test_compressed_shapes_follow_the_hooks_rule() -> None:
 
 
 def test_gram_schmidt_is_orthonormal_and_keeps_zero_columns() -> None:
-    from dist_algos.low_rank import gram_schmidt_, orthogonalize_
+    from dist_algos.compress.powersgd_math import gram_schmidt_, orthogonalize_
 
     m = torch.randn(50, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     gram_schmidt_(m)

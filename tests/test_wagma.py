@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from dist_algos.group_schedule import GroupSchedule, is_global_step
+from dist_algos.machinery.group_schedule import GroupSchedule, is_global_step
 from core.errors import UserError
 from tests.harness import run_ranks
 from dist_algos.base import HyperParams

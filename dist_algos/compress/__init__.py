@@ -1,13 +1,20 @@
 """Communication as a composition: compressors, error feedback and the collective that combines
-them, usable by any plugin (issue 22).
+them, usable by any plugin (issue 22); every compression of the project lives here.
 
-- `contract`: the `Compressor` / `Payload` / `Combine` contract; `bits`: code packing;
+- `contract`: the `Compressor` / `Payload` / `Combine` contract; `bits`: code packing; `sparse`,
+  `blocks`: what the sparsifiers and the block-scaled quantisers share;
 - one module per compressor, each registering itself with `@register_compressor`; adding a
-  compressor is one file here plus its test;
+  compressor is one file here plus its test (the registry imports every module of this folder);
 - `chain`: compressors in sequence (`[topk:0.01, quant:2]`, a sparsifier then a value quantiser);
 - `memory`: error feedback as its own choice (none, ef, ef21, decayed, momentum), per worker;
 - `communicator`: memory + chain + the collective, over torch.distributed or simulated for K
-  workers in one process (the tests' reference).
+  workers in one process (the tests' reference); `overlap`: its DDP-style buckets during backward;
+- what plugins compose from these: `model_delta` (local SGD's compressed delta), `outer`
+  (DiLoCo's compressed outer step);
+- the methods that are plugins of their own, as pure functions: `sparse_feedback` (the
+  parameter-server family's top-k with memory: gradient dropping, DGC, SAMomentum) and
+  `powersgd_math` (PowerSGD's power iteration: P, Q, orthogonalisation), not to be confused
+  with `lowrank_sketch`, the one-round random sketch stage `lowrank:R`.
 
 A chain is written as a list of stages, each `name` or `name:arg:arg` (positional arguments of the
 compressor, e.g. `topk:0.01`, `qsgd:4`, `int8:256`), the form `algo.compress=[topk:0.01,quant:2]`
@@ -24,9 +31,7 @@ from dist_algos.compress.chain import Chain
 from dist_algos.compress.contract import Combine, Compressor, EncodeContext, Payload
 from dist_algos.compress.memory import Memory
 
-COMPRESSORS: Registry[type[Compressor]] = Registry(
-    "compressor", "compress stage", packages=["dist_algos.compress"],
-    skip={"contract", "bits", "chain", "memory", "communicator"})
+COMPRESSORS: Registry[type[Compressor]] = Registry("compressor", "compress stage", packages=["dist_algos.compress"])
 
 
 def register_compressor(name: str) -> Callable[[type[Compressor]], type[Compressor]]:

@@ -2,7 +2,7 @@
 and say how the payloads of K workers combine.
 
 A compressor works on one flat vector holding a model's layers back to back (`sizes` gives their
-lengths), as `dist_algos.compressors` does: per-layer rules (top-k per layer, block scales) see
+lengths), as `sparse_feedback` does: per-layer rules (top-k per layer, block scales) see
 the layer bounds, whole-model rules ignore them. `encode` returns a `Payload`: the tensors that go
 on the wire (and nothing else: their bytes are the wire size, so comm accounting is exact) and
 the numbers every worker knows without being told (the vector length, the layer sizes, a shared

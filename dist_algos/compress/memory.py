@@ -28,7 +28,7 @@ KINDS = ("none", "ef", "ef21", "decayed", "momentum", "samomentum")
 def samomentum_keep_(velocity: torch.Tensor, idx: torch.Tensor, values: torch.Tensor, momentum: float) -> None:
     """SAMomentum's rule after sending `values` at `idx`: the entries not sent become u / m (the
     next u = m u + step restores them: an undecayed residual), the sent ones keep u, their
-    momentum. Shared by `dist_algos.compressors.samomentum_` (DGS) and the `samomentum` memory."""
+    momentum. Shared by `sparse_feedback.samomentum_` (DGS) and the `samomentum` memory."""
     velocity.div_(momentum)
     velocity[idx] = values
 

@@ -3,7 +3,7 @@ of each layer, zeros left out) and over the whole model (`topk_global:DENSITY`, 
 whole vector, so large layers can take all of it). Biased; meant to run with error feedback.
 
 `topk_per_layer` is also the selection of the parameter-server family (gradient dropping, DGC,
-DGS and the server's replies import it through `dist_algos.compressors`): one top-k for all."""
+DGS in `sparse_feedback`, and the servers' replies): one top-k for all."""
 from __future__ import annotations
 
 import math

@@ -34,12 +34,13 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, RankLayout, Role, Scenario, StepContext, TrainInfo
-from dist_algos.compressors import clip_by_norm_
-from dist_algos.flat import FlatBuffer, flat_grads
+from dist_algos.compress.sparse_feedback import clip_by_norm_
+from dist_algos.machinery.flat import FlatBuffer, flat_grads
 from dist_algos.param_server import wire
 from dist_algos.param_server.layout import Shard, partition
 from dist_algos.param_server.server import Server, ServerState
 from core.errors import UserError
+from core.schema import option
 
 log = logging.getLogger("syncopt")
 
@@ -51,18 +52,21 @@ REFERENCE_RESYNC_PUSHES = 150
 
 @dataclass
 class ParamServerConfig(AlgoConfig):
-    servers: int = 1  # ranks 0..servers-1 serve, the rest train
-    serving: str = "async"  # async: apply pushes as they arrive | round_robin: fixed worker order (reproducible)
-    value_dtype: str = "float32"  # float32 | float16: the wire type of update values
+    servers: int = option(1, ge=1)  # ranks 0..servers-1 serve, the rest train
+    # async: apply pushes as they arrive | round_robin: fixed worker order (reproducible)
+    serving: str = option("async", choices=SERVING)
+    value_dtype: str = option("float32", choices=wire.VALUE_DTYPES)  # the wire type of update values
 
 
 @dataclass
 class SparseConfig(ParamServerConfig):
     """Fields of the plugins that push a per-layer top-k (and may reply sparsely)."""
 
-    density: float = 0.01  # fraction of each layer's entries a worker pushes
-    reply_density: Optional[float] = None  # sparse downlink: fraction replied per layer (null: the push's)
-    resync_period: Optional[int] = None  # sparse downlink: server versions between dense resyncs (null: 150 x workers)
+    density: float = option(0.01, gt=0, le=1)  # fraction of each layer's entries a worker pushes
+    # sparse downlink: fraction replied per layer (null: the push's)
+    reply_density: Optional[float] = option(None, gt=0, le=1)
+    # sparse downlink: server versions between dense resyncs (null: 150 x workers)
+    resync_period: Optional[int] = option(None, ge=1, hint="or null")
 
 
 class ParameterServerLost(RuntimeError):
@@ -97,25 +101,9 @@ class ParamServerAlgorithm(DistAlgorithm):
     @classmethod
     def validate(cls, cfg: ParamServerConfig, world_size: int, local_size: int,
                  hyper: HyperParams) -> None:
-        if cfg.servers < 1:
-            raise UserError(f"algo.servers={cfg.servers} must be at least 1")
         if world_size - cfg.servers < 1:
             raise UserError(f"algo={cfg.name} with algo.servers={cfg.servers} needs at least one worker: "
                             f"set launch.nproc to {cfg.servers + 1} or more (not {world_size})")
-        if cfg.serving not in SERVING:
-            raise UserError(f"algo.serving={cfg.serving!r} is not one of {', '.join(SERVING)}")
-        if cfg.value_dtype not in wire.VALUE_DTYPES:
-            raise UserError(f"algo.value_dtype={cfg.value_dtype!r} is not one of {', '.join(wire.VALUE_DTYPES)}")
-        for key in ("density", "reply_density"):
-            value = getattr(cfg, key, None)
-            if value is not None and not 0 < value <= 1:
-                raise UserError(f"algo.{key}={value} must be in (0, 1]")
-        period = getattr(cfg, "resync_period", None)
-        if period is not None and period < 1:
-            raise UserError(f"algo.resync_period={period} must be at least 1 (or null)")
-        downlink = getattr(cfg, "downlink", None)
-        if downlink is not None and downlink not in DOWNLINKS:
-            raise UserError(f"algo.downlink={downlink!r} is not one of {', '.join(DOWNLINKS)}")
         cls._check_hyper(cfg, hyper)
 
     @classmethod

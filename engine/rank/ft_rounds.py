@@ -1,4 +1,4 @@
-"""torchft's Manager behind `dist_algos.ft_round.RoundAverager`: quorum, mean, commit, healing.
+"""torchft's Manager behind `dist_algos.machinery.ft_round.RoundAverager`: quorum, mean, commit, healing.
 
 One Manager per replica (a replica group of one rank). Rounds are synchronous (`use_async_quorum`
 off): the quorum is taken where the plugin synchronises, and a replica that is behind (a
@@ -25,7 +25,7 @@ import torchft.manager as tft_manager
 from torchft import Manager, ProcessGroupGloo
 
 from core.run_files import go_flag, ready_flag, wait_for
-from dist_algos.ft_round import RoundAverager
+from dist_algos.machinery.ft_round import RoundAverager
 from engine.ft.config import FTConfig, quorum_size
 from engine.rank.ft_transport import TensorOnlyTransport
 

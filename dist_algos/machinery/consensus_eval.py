@@ -18,17 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from dist_algos.bn_stats import batch_norms
-from dist_algos.flat import FlatBuffer
-from core.errors import UserError
-
-
-def validate_eval_choice(eval_model: str, choices: Sequence[str], bn_batches: Optional[int]) -> None:
-    """Check `algo.eval_model` and `algo.bn_batches` of a plugin that evaluates a consensus model."""
-    if eval_model not in choices:
-        raise UserError(f"algo.eval_model={eval_model!r} is not one of {', '.join(choices)}")
-    if bn_batches is not None and bn_batches < 0:
-        raise UserError(f"algo.bn_batches={bn_batches} must be 0 or more (or null: one epoch)")
+from dist_algos.machinery.bn_stats import batch_norms
+from dist_algos.machinery.flat import FlatBuffer
 
 
 def consensus_eval_ranks(eval_model: str, world_size: int) -> list[int]:

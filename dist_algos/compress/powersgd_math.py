@@ -5,7 +5,8 @@ and m columns (the rest flattened: a convolution's in_channels x kh x kw). Power
 it by P Q^T of rank r with one step of power iteration per training step, from the previous
 step's Q: P = M Q, orthogonalise P, Q = M^T P, M ~ P Q^T. Each rank sends P and Q, (n + m) r
 numbers instead of n m, and because P and Q are linear in M, all-reducing them gives the
-approximation of the mean gradient. The compressing plugin is `dist_algos.powersgd`.
+approximation of the mean gradient. The compressing plugin is `dist_algos.powersgd`; the one-round
+random sketch of a chain stage (`lowrank:R`) is another method, in `lowrank_sketch`.
 """
 from __future__ import annotations
 

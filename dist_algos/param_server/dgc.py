@@ -17,19 +17,20 @@ from typing import Optional
 import torch
 
 from dist_algos import register_algorithm
-from dist_algos.base import HyperParams, StepContext
-from dist_algos.compressors import clip_by_norm_, dgc_, dgc_warmup_density
+from dist_algos.base import StepContext
+from dist_algos.compress.sparse_feedback import clip_by_norm_, dgc_, dgc_warmup_density
 from dist_algos.param_server import wire
-from dist_algos.param_server.plugin import ParamServerAlgorithm, SparseConfig
-from core.errors import UserError
+from dist_algos.param_server.plugin import DOWNLINKS, ParamServerAlgorithm, SparseConfig
+from core.schema import option
 
 
 @dataclass
 class DGCConfig(SparseConfig):
     name: str = "dgc"
-    downlink: str = "sparse"  # sparse: DGS's top-k reply | model: the whole model
-    warmup_epochs: int = 4  # epochs of exponentially decreasing density (0: none)
-    clip_norm: Optional[float] = None  # local gradient clipping at clip_norm / sqrt(workers) (null: off)
+    downlink: str = option("sparse", choices=DOWNLINKS)  # sparse: DGS's top-k reply | model: the whole model
+    warmup_epochs: int = option(4, ge=0)  # epochs of exponentially decreasing density (0: none)
+    # local gradient clipping at clip_norm / sqrt(workers) (null: off)
+    clip_norm: Optional[float] = option(None, gt=0, hint="or null: no clipping")
 
 
 @register_algorithm("dgc")
@@ -37,15 +38,6 @@ class DGC(ParamServerAlgorithm):
     Config = DGCConfig
     memory = ("momentum_buf", "accum")
     scheduled_density = True
-
-    @classmethod
-    def validate(cls, cfg: DGCConfig, world_size: int, local_size: int,
-                 hyper: HyperParams) -> None:
-        super().validate(cfg, world_size, local_size, hyper)
-        if cfg.warmup_epochs < 0:
-            raise UserError(f"algo.warmup_epochs={cfg.warmup_epochs} must be at least 0")
-        if cfg.clip_norm is not None and cfg.clip_norm <= 0:
-            raise UserError(f"algo.clip_norm={cfg.clip_norm} must be positive (or null: no clipping)")
 
     def setup_worker(self) -> None:
         self.momentum_buf = torch.zeros_like(self.flat)

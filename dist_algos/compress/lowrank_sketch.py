@@ -3,12 +3,13 @@ from the shared seed of the step, decoded as (M Q) Q^T.
 
 Why this and not PowerSGD here: PowerSGD's power iteration needs two collectives per step (P, then
 Q from the averaged P) and keeps Q between steps, so it is its own plugin (`algo=powersgd`, equal
-to PyTorch's DDP hook). A chain stage is one encode, one collective, one decode; with Q drawn
-afresh from a seed every worker shares, nothing but M Q goes on the wire, the sketch is linear in
-M (the workers' sketches are summed by one all_reduce, `Combine.SUM`), and since Q's entries are
-N(0, 1/r), E[Q Q^T] = I: the decode is unbiased (Var of entry (i, j) = (|M_i|^2 + M_ij^2) / r),
-so error feedback or plain averaging both apply. This is the random down/up projection that
-Flora (Hao et al., ICML 2024) uses to compress gradients, applied to communication.
+to PyTorch's DDP hook; its mathematics in `powersgd_math`). A chain stage is one encode, one
+collective, one decode; with Q drawn afresh from a seed every worker shares, nothing but M Q goes
+on the wire, the sketch is linear in M (the workers' sketches are summed by one all_reduce,
+`Combine.SUM`), and since Q's entries are N(0, 1/r), E[Q Q^T] = I: the decode is unbiased (Var of
+entry (i, j) = (|M_i|^2 + M_ij^2) / r), so error feedback or plain averaging both apply. This is
+the random down/up projection that Flora (Hao et al., ICML 2024) uses to compress gradients,
+applied to communication.
 
 Which layers: each layer of at least two dimensions is a matrix of shape[0] rows (a conv kernel:
 out channels x in*kh*kw, as PowerSGD reshapes it); it is sketched when r is smaller than its

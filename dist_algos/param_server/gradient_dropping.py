@@ -13,15 +13,16 @@ import torch
 
 from dist_algos import register_algorithm
 from dist_algos.base import StepContext
-from dist_algos.compressors import gradient_dropping_
+from dist_algos.compress.sparse_feedback import gradient_dropping_
 from dist_algos.param_server import wire
-from dist_algos.param_server.plugin import ParamServerAlgorithm, SparseConfig
+from dist_algos.param_server.plugin import DOWNLINKS, ParamServerAlgorithm, SparseConfig
+from core.schema import option
 
 
 @dataclass
 class GradientDroppingConfig(SparseConfig):
     name: str = "gradient_dropping"
-    downlink: str = "sparse"  # sparse: DGS's top-k reply | model: the whole model
+    downlink: str = option("sparse", choices=DOWNLINKS)  # sparse: DGS's top-k reply | model: the whole model
 
 
 @register_algorithm("gradient_dropping")

@@ -54,7 +54,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from dist_algos.comm import CommStats, allreduce_bytes
+from dist_algos.machinery.comm import CommStats, allreduce_bytes
 
 ACTIVATE, STOP = 0, 1
 MESSAGE_BYTES = 16

@@ -17,7 +17,7 @@ import torch
 
 from dist_algos import register_algorithm
 from dist_algos.base import StepContext
-from dist_algos.compressors import samomentum_
+from dist_algos.compress.sparse_feedback import samomentum_
 from dist_algos.param_server import wire
 from dist_algos.param_server.plugin import ParamServerAlgorithm, SparseConfig
 

@@ -8,7 +8,7 @@ asynchronously, so the transfer of the late layers' gradients runs while the ear
 gradients are still being computed. `OverlappedAverage` does the same with gradient hooks
 (`register_post_accumulate_grad_hook`):
 
-- the gradients are views of one flat buffer (`dist_algos.flat.flat_grads`), so a bucket is a
+- the gradients are views of one flat buffer (`dist_algos.machinery.flat.flat_grads`), so a bucket is a
   contiguous slice of it and its all_reduce needs no copy in or out;
 - buckets follow DDP's assignment: reverse parameter order, one dtype/device per bucket, a bucket
   closes once it holds at least its cap (the first cap is small, 1 MiB by default, so the first
@@ -31,7 +31,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from dist_algos.flat import FlatBuffer, flat_grads
+from dist_algos.machinery.flat import FlatBuffer, flat_grads
 
 MIB = 1024 * 1024
 DDP_BUCKET_BYTES = 25 * MIB  # torch DDP's bucket_cap_mb default

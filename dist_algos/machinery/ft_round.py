@@ -1,12 +1,13 @@
 """A synchronisation round that may fail: the plugin side of fault-tolerant mode (`ft.enabled`).
 
 In fault-tolerant mode every rank is its own replica group and the replicas average through
-torchft's Manager instead of a fixed process group (engine/rank/ft_rounds.py). A round is: a
-quorum (the live replicas agree on who takes part; a replica that is behind heals there, receiving
-a live peer's whole state), an all_reduce mean over the participants, and a commit vote. If any
-participant failed during the round, the vote says no on every survivor: the averaged values are
-garbage and the plugin rolls back as its algorithm requires (`run_round`'s `restore`). This module
-holds only the interface, so that dist_algos does not depend on torchft.
+torchft's Manager instead of a fixed process group (engine/rank/ft_rounds.py,
+docs/fault_tolerance.md). A round is: a quorum (the live replicas agree on who takes part; a
+replica that is behind heals there, receiving a live peer's whole state), an all_reduce mean over
+the participants, and a commit vote. If any participant failed during the round, the vote says no
+on every survivor: the averaged values are garbage and the plugin rolls back as its algorithm
+requires (`run_round`'s `restore`). This module holds only the interface, so that dist_algos does
+not depend on torchft.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import torch
 
 
 class RoundAverager(ABC):
-    """What a plugin needs from fault-tolerant averaging; engine.rank.ft_rounds.ManagerRounds implements it."""
+    """What a plugin needs from fault-tolerant averaging; the trainer's fault-tolerant rounds
+    (`ManagerRounds` in engine/rank/ft_rounds.py, on torchft's Manager) implement it."""
 
     @abstractmethod
     def begin(self) -> None:

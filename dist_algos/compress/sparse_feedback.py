@@ -1,4 +1,5 @@
-"""Sparsifying compressors with error-feedback memory, as pure functions on flat tensors.
+"""The parameter-server family's sparsifiers with error-feedback memory, as pure functions on flat
+tensors (gradient dropping, DGC, DGS's SAMomentum).
 
 A flat vector holds a model's layers back to back; `sizes` lists their lengths. Every rule here
 selects, per layer, the k = max(1, int(density x n)) entries of largest magnitude of a layer of
@@ -27,7 +28,7 @@ import torch
 # The selection is the compressor zoo's top-k (dist_algos.compress.topk), the same code for the
 # parameter-server family and for `algo.compress=[topk:D]`; SAMomentum's residual rule likewise.
 from dist_algos.compress.memory import samomentum_keep_
-from dist_algos.compress.topk import SAMPLE_SIZE, SAMPLED_MIN, _topk_indices, layer_k, topk_per_layer  # noqa: F401
+from dist_algos.compress.topk import topk_per_layer
 
 Selection = tuple[torch.Tensor, torch.Tensor]  # (int64 flat indices, values)
 
