@@ -1,2 +1,4 @@
 """Paper tables by one command (`python cli.py table=NAME`): the table config and directory
-layout (`config`), running the rows (`runner`), the results (`render`) and figures (`plots`)."""
+layout (`config`), the headline metric's direction (`measure`), running the rows (`runner`), the
+tuning (`tuning`), the per-seed results (`runs`), intervals and tests (`stats`), the family of
+comparisons (`compare`), provenance (`provenance`), the results (`render`) and figures (`plots`)."""
