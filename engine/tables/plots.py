@@ -56,6 +56,8 @@ def eval_curve(runs: list[list[dict[str, Any]]], key: str = "test_acc") -> list[
 def _title(table: Any, what: str = "", width: int = 80) -> str:
     """The table's title (and what the figure shows), wrapped so it fits the figure."""
     text = table.title or table.name
+    if getattr(table, "quick", False):  # not the table's result: the figures say so too
+        text = f"Quick form (table.quick=true) of: {text}"
     return textwrap.fill(f"{text}: {what}" if what else text, width)
 
 
@@ -254,10 +256,11 @@ def _differences_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> 
     ok = [r for r in records if r.get("diff") is not None and r["label"] != r.get("baseline")]
     variants = variants_in([r["label"] for r in ok]) if ok else [""]
     per = max([sum(1 for r in ok if variant_of(r["label"]) == v) for v in variants] or [1])
-    fig, axes = plt.subplots(1, len(variants), figsize=(6.5 * len(variants), 1.4 + 0.24 * per), squeeze=False)
+    fig, axes = plt.subplots(1, len(variants), figsize=(6.5 * len(variants), 1.8 + 0.24 * per), squeeze=False)
     for ax, variant in zip(axes[0], variants):
         rows = sorted((r for r in ok if variant_of(r["label"]) == variant), key=lambda r: sign * r["diff"])
         bars = [_difference_bar(r) for r in rows]
+        intervals = any(r.get("diff_low") is not None for r in rows)
         limit = _axis_limit([e for r, (below, above) in zip(rows, bars)
                              for e in (abs(r["diff"] - below), abs(r["diff"] + above))])
         for y, (rec, (below, above)) in enumerate(zip(rows, bars)):
@@ -279,8 +282,8 @@ def _differences_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> 
             ax.set_xlim(-1.05 * limit, 1.05 * limit)
         else:
             ax.margins(x=0.05)
-        corrected = "Holm-corrected interval" if any(r.get("diff_level") not in (None, 0.05) for r in rows) else \
-            "95% interval"
+        corrected = ("Holm-corrected interval" if any(r.get("diff_level") not in (None, 0.05) for r in rows) else
+                     "95% interval") if intervals else "one seed: no interval"
         ax.set(xlabel=f"{_label(metric)} - {row_of(base) if base else 'baseline'} ({corrected}; "
                       f"{'higher' if sign > 0 else 'lower'} is better)",
                title=f"{variant or table.name}: difference from {row_of(base) if base else 'the baseline'}; "
