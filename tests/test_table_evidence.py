@@ -269,7 +269,6 @@ def test_runs_made_at_other_commits_are_kept_and_flagged(tmp_path: Path, monkeyp
     assert {r["commit"] for r in _csv(tmp_path / "runs.csv") if r["row"] == "b"} == {"d" * 40}
 
 
-@pytest.mark.slow
 def test_a_run_and_a_tables_jobs_record_their_commit(cli_env: dict, tmp_path: Path) -> None:
     """Through cli.py: summary.json has the checkout's commit and dirty flag; jobs.jsonl and
     runs.csv carry them per run."""
