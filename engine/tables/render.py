@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from engine.tables.compare import Comparison, Family, build_family
-from engine.tables.config import TableConfig, headline, row_dir, row_grid, target
+from engine.tables.config import TableConfig, headline, row_dir, row_grid, target, tie_seeds
 from engine.tables.measure import evaluation_set, is_proportion, sign
 from engine.tables.runs import TASK_METRICS, Summary, read_runs, set_size
 from engine.tables.runs import to_target as _to_target
@@ -186,7 +186,7 @@ def _tuning_lines(table: TableConfig, tuned: dict[str, Tuned], failed: list[str]
              f"results are above. Test accuracy chose nothing. Settings whose validation results are not "
              f"told apart from the best (the interval of their paired difference, floored by the validation "
              f"set's size, includes 0) are contenders; a one-seed grid with several contenders ran again on "
-             f"tuning seed(s) {table.tune_tie_seeds if table.tune_tie_seeds is not None else 'beyond the others'}, "
+             f"tuning seed(s) {tie_seeds(table)}, "
              f"and the contenders left are decided by the best mean {table.tie_metric}, then the best mean "
              f"{first.metric}, then grid order (engine/tables/tuning.py).", "",
              f"| row | setting | mean {first.metric} | runs | chosen | mean {table.tie_metric} | contender |",

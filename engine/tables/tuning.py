@@ -184,7 +184,7 @@ def choose(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[int], 
     contenders = [s for s in settings if s in means
                   and within_noise(by_setting[first_best], by_setting[s], n_floor, policy.level)]
     tie_means = {s: statistics.fmean(ties[s].values()) if len(ties.get(s, {})) == len(seeds) else None
-                 for s in contenders}
+                 for s in settings}
     winner, rule = first_best, "best mean"
     if len(contenders) > 1:
         winner, rule = _break_tie(contenders, means, tie_means, policy)
