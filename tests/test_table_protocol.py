@@ -120,7 +120,7 @@ def test_a_grid_is_extended_beyond_a_winning_edge_and_the_reported_runs_follow(t
     """lr 0.03 wins at the low edge of [0.03, 0.1, 0.3]: tune_extend=2 adds 0.009 (one grid step
     below), which wins again, then 0.0027, which loses: the choice is 0.009, interior now. A
     reported run made before with lr 0.03 is set aside (kept) for the chosen setting. A tie at
-    an edge extends nothing; the limit holds."""
+    an edge extends that edge too (issue 34: a tied edge used to extend nothing); the limit holds."""
     from engine.tables.config import RowConfig, row_dir
     from engine.drivers.table_runner import tuning_grid
     from engine.tables.tuning import extend_grid, grid_settings, tune_dir
@@ -139,7 +139,7 @@ def test_a_grid_is_extended_beyond_a_winning_edge_and_the_reported_runs_follow(t
     tie = {"optim.lr": [0.03, 0.1]}
     for lr in (0.03, 0.1):
         _write_run(tune_dir(tmp_path, "t", (("optim.lr", lr),), 0), {"val_acc": 0.9})
-    assert extend_grid(tmp_path, "t", tie, [0], "val_acc", 2) == (tie, 0)
+    assert extend_grid(tmp_path, "t", tie, [0], "val_acc", 2) == ({"optim.lr": [0.009, 0.03, 0.1, 0.333]}, 2)
     # the table: the reported runs use 0.009; one made with 0.03 is moved aside, not overwritten
     stale = row_dir(tmp_path, RowConfig(label="r"), 0)
     _write_run(stale, {"test_acc": 0.5, "val_acc": 0.5})

@@ -16,6 +16,8 @@ def write_table(folder: Path, name: str, rows: str) -> list[str]:
     (folder / "table").mkdir(parents=True, exist_ok=True)
     (folder / "table" / f"{name}.yaml").write_text(
         f"# @package table\ndefaults: [_schema, _self_]\nname: {name}\nbaseline: a\noverrides: {FAST}\nplots: [accuracy, throughput]\n"
+        # (a table refuses a dirty tree; these tests run on a developer's, whose table.md says so)
+        f"allow_dirty: true\n"
         f"rows:\n{rows}")
     return [f"table={name}", f"hydra.searchpath=[file://{folder}]"]
 
@@ -231,7 +233,7 @@ def test_head_to_head_quick_form_runs_end_to_end(cli_env: dict, tmp_path: Path) 
     16), one seed, no tuning, every row ended by the same sample budget (2,000 here, 6,000 in the
     quick form). A rerun that skips finished rows is tested with the small table above."""
     out = tmp_path / "quick"
-    args = ["table=head_to_head_cpu", "table.quick=true", "table.quick_rows=[allreduce,dgc]",
+    args = ["table=head_to_head_cpu", "table.quick=true", "table.quick_rows=[allreduce,dgc]", "table.allow_dirty=true",
             "table.quick_overrides=['train.epochs=2','train.budget_samples=2000','launch.nproc=4','train.batch_size=32']", f"hydra.run.dir={out}"]
     proc = run_cli(args, cli_env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

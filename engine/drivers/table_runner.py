@@ -7,8 +7,11 @@ published numbers for each row with their source. Each row x seed runs as its ow
 not run again, an interrupted one resumes (cli.py's resume=auto), a failed one is reported as
 failed with its log while the others still run. A tuned row first runs its grid on the tuning
 seeds (`DIR/<label>/tune/<setting>/seed_<s>/`, engine/tables/tuning.py) and then its chosen
-setting on the table's seeds. Then the summaries are gathered into `DIR/table.md` (also printed)
-and `DIR/table.csv`, and the plots are drawn.
+setting on the table's seeds. Then the summaries are gathered into `DIR/table.md` (also printed),
+`DIR/table.csv` and `DIR/runs.csv` (per seed), and the plots are drawn.
+
+A table refuses to start on a dirty tree and flags runs made at other commits
+(engine/tables/provenance.py); every job's line in `DIR/jobs.jsonl` carries the commit it started at.
 
 With `table.launcher=slurm`, rows are submitted as Hydra multiruns through the submitit launcher
 instead; running the same command again once they are done gathers the table.
@@ -27,13 +30,18 @@ from hydra import compose
 from omegaconf import DictConfig
 
 from core.errors import UserError
+from core.provenance import code_version
 from core.rundir import RunDir
 from engine.config import load_run_config
-from engine.tables.config import RowConfig, TableConfig, TableLauncher, load_table, row_args, row_dir, row_grid
+from engine.tables.compare import n_examples
+from engine.tables.config import (RowConfig, TableConfig, TableLauncher, headline, load_table, row_args, row_dir,
+                                  row_grid, tie_direction, tie_seeds)
 from engine.tables.plots import draw_table_plots
-from engine.tables.render import gather, render_markdown, write_csv
-from engine.tables.tuning import (Setting, Tuned, choose, extend_grid, grid_settings, setting_name, setting_overrides,
-                                  stale_setting, tune_dir)
+from engine.tables.provenance import check_tree, mixed_notice, provenance_lines
+from engine.tables.render import collect, render_markdown, write_csv
+from engine.tables.runs import Summary, read_runs, write_runs_csv
+from engine.tables.tuning import (Setting, TunePolicy, Tuned, choose, extend_grid, grid_settings, row_seeds,
+                                  setting_name, setting_overrides, stale_setting, tune_dir)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -87,7 +95,8 @@ def _log_job(out: Path, record: dict[str, object]) -> None:
 
 def _run_jobs(table: TableConfig, jobs: list[tuple[str, list[str], RunDir]], phase: str,
               out: Optional[Path] = None) -> dict[str, str]:
-    """Run each (name, args, run directory) not already complete; returns status by name."""
+    """Run each (name, args, run directory) not already complete; returns status by name. The
+    tree is checked again before each job: one edited while the table runs stops it there."""
     status: dict[str, str] = {}
     for i, (name, args, run_dir) in enumerate(jobs, 1):
         tag = f"[{phase} {i}/{len(jobs)}] {name}"
@@ -95,6 +104,7 @@ def _run_jobs(table: TableConfig, jobs: list[tuple[str, list[str], RunDir]], pha
             status[name] = "done"
             print(f"{tag}: already complete", flush=True)
             continue
+        version = check_tree(table, out) if out is not None else code_version()
         verb = "resuming" if run_dir.checkpoints.exists() else "running"
         print(f"{tag}: {verb} ({run_dir.root})", flush=True)
         load_before = os.getloadavg()
@@ -103,25 +113,39 @@ def _run_jobs(table: TableConfig, jobs: list[tuple[str, list[str], RunDir]], pha
         if out is not None:
             _log_job(out, {"phase": phase, "job": name, "status": state, "seconds": round(seconds, 1),
                            "load_before": [round(v, 2) for v in load_before],
-                           "load_after": [round(v, 2) for v in os.getloadavg()], "ended": time.time()})
+                           "load_after": [round(v, 2) for v in os.getloadavg()], "ended": time.time(),
+                           "commit": version.commit, "dirty": version.dirty})
         print(f"{tag}: {state} in {seconds:.0f} s" + (f" (log: {run_dir.row_log})" if state != "done" else ""),
               flush=True)
     return status
 
 
+def tune_policy(table: TableConfig) -> TunePolicy:
+    """How the table's grids choose (engine/tables/tuning.py): its selection metric and direction,
+    its tie metric, and the extra tuning seed a one-seed grid gets when it cannot choose."""
+    return TunePolicy(metric=table.select_metric, better=headline(table).select_better, tie_metric=table.tie_metric,
+                      tie_better=tie_direction(table), val_examples=table.val_examples,
+                      tie_seeds=tuple(tie_seeds(table)) if len(table.tune_seeds) < 2 else ())
+
+
 def tuning_grid(table: TableConfig, row: RowConfig, out: Path) -> dict[str, list[Any]]:
     """The row's grid as run: its own, extended beyond a winning edge (`table.tune_extend`)."""
     return extend_grid(out, row.label, row_grid(table, row), table.tune_seeds, table.select_metric,
-                       table.tune_extend)[0]
+                       table.tune_extend, tune_policy(table))[0]
+
+
+def tuning_seeds(table: TableConfig, row: RowConfig, out: Path, grid: dict[str, list[Any]]) -> list[int]:
+    """The seeds a row's grid runs on: the tuning seeds, and the tie seed where one seed could not choose."""
+    return row_seeds(out, row.label, grid, table.tune_seeds, table.select_metric, tune_policy(table))
 
 
 def tuning_jobs(table: TableConfig, out: Path) -> list[tuple[str, list[str], RunDir]]:
-    """Every tuned row's grid on the tuning seeds."""
+    """Every tuned row's grid on its tuning seeds."""
     jobs = []
     for row in table.rows:
         grid = tuning_grid(table, row, out)
         for setting in grid_settings(grid) if grid else []:
-            for seed in table.tune_seeds:
+            for seed in tuning_seeds(table, row, out, grid):
                 run_dir = tune_dir(out, row.label, setting, seed)
                 jobs.append((f"{row.label} {setting_name(setting)} seed {seed}",
                              row_args(table, row, seed, run_dir, setting_overrides(setting)), run_dir))
@@ -130,8 +154,22 @@ def tuning_jobs(table: TableConfig, out: Path) -> list[tuple[str, list[str], Run
 
 def chosen(table: TableConfig, out: Path) -> dict[str, Tuned]:
     """Each tuned row's grid results and winner, from the tuning runs written so far."""
-    return {row.label: choose(out, row.label, tuning_grid(table, row, out), table.tune_seeds, table.select_metric)
-            for row in table.rows if row_grid(table, row)}
+    found = {}
+    for row in table.rows:
+        if row_grid(table, row):
+            grid = tuning_grid(table, row, out)
+            found[row.label] = choose(out, row.label, grid, tuning_seeds(table, row, out, grid), table.select_metric,
+                                      tune_policy(table))
+    return found
+
+
+def tuning_summaries(table: TableConfig, out: Path, tuned: dict[str, Tuned]) -> dict[str, dict[int, Summary]]:
+    """The tuning runs' summaries (label -> index -> summary), for the provenance section."""
+    found: dict[str, dict[int, Summary]] = {}
+    for label, result in tuned.items():
+        runs = [tune_dir(out, label, setting, s) for setting, _, _ in result.results for s in result.seeds]
+        found[label] = {i: json.loads(r.summary.read_text()) for i, r in enumerate(runs) if r.summary.exists()}
+    return found
 
 
 def final_jobs(table: TableConfig, out: Path, tuned: dict[str, Tuned]) -> list[tuple[RowConfig, int, list[str]]]:
@@ -161,10 +199,23 @@ def set_aside_if_stale(run_dir: RunDir, setting: Setting) -> None:
     print(f"{run_dir.root}: made with {why}; moved to {target.name} and run again", flush=True)
 
 
+def _pending(table: TableConfig, out: Path) -> bool:
+    """Whether any tuning or reported run of the table is still to be made (as far as known now)."""
+    return any(not run_dir.summary.exists() for _, _, run_dir in tuning_jobs(table, out)) or \
+        any(not row_dir(out, row, seed).summary.exists() for row in table.rows for seed in table.seeds)
+
+
 def run_table(node: DictConfig, out: Path) -> int:
     """Run (or dry-run) the table; returns the exit code (non-zero if any row failed)."""
     table = load_table(node)
     out.mkdir(parents=True, exist_ok=True)
+    if not table.dry_run:
+        # a run still to make is refused on a dirty tree now, before any starts; a table whose runs
+        # are all there only gathers (table.md says which tree it was gathered on)
+        version = check_tree(table, out) if _pending(table, out) else code_version(ignore=[out])
+        notice = mixed_notice(table, read_runs(table, out), version)
+        if notice:
+            print(notice, flush=True)
     if table.dry_run:
         for name, args, _ in tuning_jobs(table, out):
             print(f"{name} (tuning): cli.py {' '.join(args)}")
@@ -202,10 +253,15 @@ def run_table(node: DictConfig, out: Path) -> int:
             print(f"{label}: no setting of its grid has {table.select_metric} on every tuning seed (failed runs, "
                   f"or no validation split: data.val_fraction=0); the row is not run", flush=True)
     failed_tuning = [name for name, state in tune_status.items() if state != "done"]
-    records = gather(table, out, status, tuned)
-    markdown = render_markdown(table, records, tuned, failed_tuning)
+    gathered = collect(table, out, status, tuned)
+    version = code_version(ignore=[out])  # the commit the table is gathered at (it may have moved)
+    n_test = n_examples(table, gathered.runs, [r.label for r in table.rows], table.compare_metric)
+    markdown = render_markdown(table, gathered.records, tuned, failed_tuning, gathered.family,
+                               provenance_lines(table, version, gathered.runs, tuning_summaries(table, out, tuned)),
+                               n_test)
     (out / "table.md").write_text(markdown)
-    write_csv(out / "table.csv", records)
-    draw_table_plots(table, records, out)
+    write_csv(out / "table.csv", gathered.records)
+    write_runs_csv(out / "runs.csv", table, gathered.runs)
+    draw_table_plots(table, gathered.records, out)
     print(markdown)
-    return 0 if all(r["status"] == "ok" for r in records) else 1
+    return 0 if all(r["status"] == "ok" for r in gathered.records) else 1

@@ -14,6 +14,7 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from core.provenance import code_version
 from core.rundir import RunDir
 from engine.report.metrics import LoggerConfig, Reporter, read_metrics
 from engine.report.plots import plot_run, plot_series
@@ -52,6 +53,8 @@ class RunReport:
     def __init__(self, run_dir: RunDir, raw: DictConfig, logger: LoggerConfig, log_every: int,
                  progress: bool, facts: RunFacts, state: Any, plot_keys: list[str]) -> None:
         self.run_dir, self.facts, self.log_every, self.plot_keys = run_dir, facts, log_every, plot_keys
+        # the code this segment runs, read as it starts (a commit landing mid-run is not this run's)
+        self.code = code_version()
         run_dir.config.write_text(OmegaConf.to_yaml(raw, resolve=True))
         run_dir.stopped.unlink(missing_ok=True)
         self.reporter = Reporter(run_dir, logger, OmegaConf.to_container(raw, resolve=True), state.resumed_from)
@@ -121,6 +124,8 @@ class RunReport:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+        # provenance (core/provenance.py): tables gather it per run and refuse to mix in silence
+        summary.update(commit=self.code.commit, dirty=self.code.dirty)
         write_json(self.run_dir.summary, summary)
         self.reporter.finish(summary)
         records = read_metrics(self.run_dir.metrics)

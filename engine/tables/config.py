@@ -10,6 +10,11 @@ other recipe in that folder (methods composed from an algorithm, e.g. a compress
 repeats every row under each named set of overrides (IID and skewed data side by side);
 `budget` puts every row on the same `train.budget_*`; `quick: true` keeps `quick_rows` (and the
 baseline row), the first seed and no tuning, for a test or CI.
+
+The protocol's settings (docs/tables.md): the headline metric and its direction (`compare_metric`
+on test, `select_metric` on validation, `better`), the tuning's tie rule (`tie_metric`,
+`tune_tie_seeds`), the comparisons beyond each row's baseline (`interaction_from`: the skew
+interaction; `comparisons`: declared pairs), and `allow_dirty` (engine/tables/provenance.py).
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import dist_algos
 from core.errors import UserError
 from core.rundir import RunDir
 from core.schema import Section, option, typed_section
+from engine.tables.measure import Better, Headline, evaluation_set, implied_direction
 
 
 class TableLauncher(enum.StrEnum):
@@ -44,6 +50,9 @@ class RowConfig(Section):
     x: Optional[float] = None  # the row's place on the x axis of `speedup:` plots (e.g. link Mbit/s)
     series: Optional[str] = None  # its line in those plots (null: its label)
     tune: Optional[dict[str, list[Any]]] = None  # a grid chosen on validation (null: the table's `tune`)
+    # the table's variants this row runs under (null: all). A one-process row has no partition to
+    # skew: head_to_head_cpu runs msgd under `iid` only
+    variants: Optional[list[str]] = None
 
 
 @dataclass
@@ -56,7 +65,7 @@ class TableConfig(Section):
     seeds: list[int] = field(default_factory=lambda: [0])
     overrides: list[str] = field(default_factory=list)  # added to every row
     paper_metrics: list[str] = field(default_factory=lambda: ["test_acc"])  # published columns shown
-    plots: list[str] = field(default_factory=lambda: ["accuracy"])  # accuracy | intervals | pareto | series:<key> | throughput | wall | speedup:<m>
+    plots: list[str] = field(default_factory=lambda: ["accuracy"])  # accuracy | intervals | levels | pareto | series:<key> | throughput | wall | speedup:<m>
     rows: list[RowConfig] = field(default_factory=list)
     # summary.json keys shown per row, plus time_to_target_s (needs target_acc); ratios: those
     # divided by the baseline row's
@@ -66,7 +75,8 @@ class TableConfig(Section):
                                                         "steps", "syncs", "comm_bytes", "wall_s", "samples_per_s"])
     ratios: list[str] = field(default_factory=lambda: ["syncs", "comm_bytes", "wall_s", "samples_per_s"])
     target_acc: Optional[float] = option(None, gt=0, le=1)  # time_/bytes_to_target: first eval reaching this
-    target_metric: str = "val_acc"  # the eval records' metric that target_acc applies to (validation)
+    target_value: Optional[float] = None  # the same for a metric that is not an accuracy (e.g. val_loss 1.2)
+    target_metric: str = "val_acc"  # the eval records' metric that the target applies to (validation only)
     # tuning (engine/tables/tuning.py): a grid per row, run on tune_seeds, chosen on select_metric
     tune: dict[str, list[Any]] = field(default_factory=dict)
     tune_seeds: list[int] = field(default_factory=lambda: [0])
@@ -74,8 +84,31 @@ class TableConfig(Section):
     # beyond it (the grid's own ratio), up to this many times per side: a baseline whose best
     # learning rate lies outside the grid is not tuned (engine/tables/tuning.py, extend_grid)
     tune_extend: int = option(0, ge=0)
-    select_metric: str = "val_acc"  # summary.json key, higher is better; never a test_* metric
-    compare_metric: str = "test_acc"  # the column whose difference from the baseline row is tested
+    select_metric: str = "val_acc"  # summary.json key the tuning chooses by; never a test_* metric
+    compare_metric: str = "test_acc"  # the headline: the column whose differences are tested
+    # which way is better for compare_metric and select_metric (null: what their names imply:
+    # accuracies higher, losses, bits_per_char and perplexity lower; engine/tables/measure.py)
+    better: Optional[Better] = None
+    # tuning: settings within the validation set's resolution of the best are decided by this
+    # metric's mean (its direction from its name), after a second tuning seed where there was one
+    tie_metric: str = "val_loss"
+    # the extra tuning seed(s) run when a one-seed grid's best settings are within noise of each
+    # other (null: one seed, the smallest not in seeds or tune_seeds)
+    tune_tie_seeds: Optional[list[int]] = None
+    # the number of examples of the test and validation sets, for runs that do not record it
+    # (summary.json `test_samples`, `data_split.val_samples`): the floor under accuracy intervals
+    test_examples: Optional[int] = option(None, gt=0)
+    val_examples: Optional[int] = option(None, gt=0)
+    # the variant every other variant's drop is measured from (e.g. iid): the skew interaction,
+    # each row's drop against its baseline's drop, with its interval (null: not computed)
+    interaction_from: Optional[str] = None
+    # declared comparisons [a, b] (a - b, paired where they pair); a label without @variant is
+    # compared under every variant. Corrected with the rest of the table's comparisons (Holm)
+    comparisons: list[list[str]] = field(default_factory=list)
+    # a difference to resolve: table.md prints the seeds each variant would need for it
+    resolve_target: Optional[float] = option(None, gt=0)
+    # run on a tree with uncommitted changes (refused otherwise); table.md says so
+    allow_dirty: bool = False
     budget: dict[str, Any] = field(default_factory=dict)  # e.g. {train.budget_samples: 42240}: every row
     every_algorithm: bool = False  # one row per registered algorithm from recipes/cpu/<algo>.yaml
     # what the every-algorithm rows' recipes must share (checked by tests/test_tables.py): the
@@ -95,7 +128,7 @@ RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 CPU_RECIPES = RECIPES / "cpu"  # every algorithm's own CPU recipe on the default digits task
 
 
-PLOTS = ("accuracy", "intervals", "pareto", "throughput", "wall")  # engine/tables/plots.py draws
+PLOTS = ("accuracy", "intervals", "pareto", "throughput", "wall", "levels")  # engine/tables/plots.py draws
 
 
 def algorithm_rows(folder: Path = CPU_RECIPES) -> list[RowConfig]:
@@ -136,15 +169,29 @@ def expand_rows(table: TableConfig) -> TableConfig:
                             f"train.budget_bytes or train.budget_wall_s")
     baseline = table.baseline
     if table.variants:
+        for r in rows:
+            unknown = sorted(set(r.variants or []) - set(table.variants))
+            if unknown:
+                raise UserError(f"table {table.name}: row {r.label} has variants {unknown}, which are not the "
+                                f"table's ({', '.join(table.variants)})")
         rows = [replace(r, label=f"{r.label}@{name}", overrides=[*extra, *r.overrides],
                         baseline=f"{r.baseline or baseline}@{name}" if (r.baseline or baseline) else None,
                         series=r.series or r.label)
-                for name, extra in table.variants.items() for r in rows]
+                for name, extra in table.variants.items() for r in rows if r.variants is None or name in r.variants]
         baseline = None  # per row now
     overrides = [*table.overrides, *budget, *(table.quick_overrides if table.quick else [])]
     seeds = table.seeds[:1] if table.quick else table.seeds
+    comparisons = table.comparisons
+    if table.quick:  # the declared comparisons of the rows the quick form keeps
+        kept = {row_name(r.label) for r in rows}
+        comparisons = [pair for pair in comparisons if all(row_name(name) in kept for name in pair)]
     return replace(table, rows=rows, overrides=overrides, seeds=seeds, baseline=baseline,
-                   tune={} if table.quick else table.tune)
+                   tune={} if table.quick else table.tune, comparisons=comparisons)
+
+
+def row_name(label: str) -> str:
+    """A label without its `@variant`."""
+    return label.partition("@")[0]
 
 
 def row_grid(table: TableConfig, row: RowConfig) -> dict[str, list[Any]]:
@@ -152,11 +199,74 @@ def row_grid(table: TableConfig, row: RowConfig) -> dict[str, list[Any]]:
     return dict(row.tune if row.tune is not None else table.tune)
 
 
+def _direction(table: TableConfig, metric: str, option_name: str) -> Better:
+    found = table.better or implied_direction(metric)
+    if found is None:
+        raise UserError(f"table {table.name}: {option_name}={metric} says nothing of which way is better; "
+                        f"set table.better=higher or table.better=lower")
+    return found
+
+
+def headline(table: TableConfig) -> Headline:
+    """The metric rows are compared on (test), chosen by (validation), and which way is better."""
+    return Headline(compare=table.compare_metric, select=table.select_metric,
+                    better=_direction(table, table.compare_metric, "compare_metric"),
+                    select_better=_direction(table, table.select_metric, "select_metric"))
+
+
+def tie_direction(table: TableConfig) -> Better:
+    """The tie metric's direction: from its name (val_loss: lower), never from `table.better`."""
+    found = implied_direction(table.tie_metric)
+    if found is None:
+        raise UserError(f"table {table.name}: tie_metric={table.tie_metric} says nothing of which way is "
+                        f"better; use a validation loss or accuracy (val_loss, val_acc)")
+    return found
+
+
+def target(table: TableConfig) -> Optional[float]:
+    """The value time- and bytes-to-target wait for (target_acc, or target_value)."""
+    return table.target_value if table.target_value is not None else table.target_acc
+
+
+def tie_seeds(table: TableConfig) -> list[int]:
+    """The tuning seeds added where a one-seed grid cannot tell its best settings apart: never a
+    reported seed (its runs would then have chosen their own setting)."""
+    if table.tune_tie_seeds is not None:
+        return list(table.tune_tie_seeds)
+    used = {*table.seeds, *table.tune_seeds}
+    return [next(s for s in range(len(used) + 1) if s not in used)]
+
+
+def _check_protocol(table: TableConfig) -> None:
+    """The protocol's settings, each one line when wrong."""
+    for option_name, metric, verb in (("select_metric", table.select_metric, "choose"),
+                                      ("target_metric", table.target_metric, "time its target")):
+        if evaluation_set(metric) == "test":
+            raise UserError(f"table {table.name}: {option_name}={metric} would {verb} on the test set; use "
+                            f"its validation counterpart ({metric.replace('test_', 'val_', 1)})")
+    headline(table)
+    tie_direction(table)
+    if table.target_acc is not None and table.target_value is not None:
+        raise UserError(f"table {table.name}: set target_acc or target_value, not both")
+    overlap = sorted(set(tie_seeds(table)) & set(table.seeds))
+    if overlap:
+        raise UserError(f"table {table.name}: tune_tie_seeds {overlap} are reported seeds; choose others")
+    if table.interaction_from is not None and table.interaction_from not in table.variants:
+        raise UserError(f"table {table.name}: interaction_from={table.interaction_from} is not a variant "
+                        f"({', '.join(table.variants) or 'the table has none'})")
+    labels = {r.label for r in table.rows}
+    for pair in table.comparisons:
+        if len(pair) != 2:
+            raise UserError(f"table {table.name}: comparisons entry {pair} is not a pair [row, row]")
+        for name in pair:
+            known = name in labels or any(f"{name}@{v}" in labels for v in table.variants)
+            if not known:
+                raise UserError(f"table {table.name}: comparisons names {name}, which is not a row label")
+
+
 def load_table(node: DictConfig) -> TableConfig:
     table = expand_rows(typed_section(TableConfig, node, "table"))
-    if table.select_metric.startswith(("test_", "best_test")):
-        raise UserError(f"table {table.name}: select_metric={table.select_metric} would choose on the test "
-                        f"set; use val_acc (or best_val_acc)")
+    _check_protocol(table)
     labels = [r.label for r in table.rows]
     if not labels:
         raise UserError(f"table {table.name}: no rows")
@@ -166,8 +276,8 @@ def load_table(node: DictConfig) -> TableConfig:
         if base is not None and base not in labels:
             raise UserError(f"{where}={base} is not a row label; rows: {', '.join(labels)}")
     for column in ("time_to_target_s", "bytes_to_target"):
-        if column in table.columns and table.target_acc is None:
-            raise UserError(f"table {table.name}: the {column} column needs table.target_acc")
+        if column in table.columns and target(table) is None:
+            raise UserError(f"table {table.name}: the {column} column needs table.target_acc (or target_value)")
     for plot in table.plots:  # (an unknown one was skipped in silence, after hours of runs)
         if plot not in PLOTS and not plot.startswith(("series:", "speedup:")):
             raise UserError(f"table {table.name}: table.plots has {plot!r}; known: {', '.join(PLOTS)}, "

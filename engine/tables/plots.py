@@ -15,13 +15,16 @@
 """
 from __future__ import annotations
 
+import math
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
 from engine.report.metrics import read_metrics
-from engine.tables.config import TableConfig, row_dir
+from engine.tables.config import TableConfig, headline, row_dir
+from engine.tables.measure import is_proportion
+from engine.tables.runs import row_of, variant_of
 from engine.tables.stats import half_width
 
 
@@ -53,6 +56,8 @@ def eval_curve(runs: list[list[dict[str, Any]]], key: str = "test_acc") -> list[
 def _title(table: Any, what: str = "", width: int = 80) -> str:
     """The table's title (and what the figure shows), wrapped so it fits the figure."""
     text = table.title or table.name
+    if getattr(table, "quick", False):  # not the table's result: the figures say so too
+        text = f"Quick form (table.quick=true) of: {text}"
     return textwrap.fill(f"{text}: {what}" if what else text, width)
 
 
@@ -71,7 +76,9 @@ def draw_table_plots(table: Any, records: list[dict[str, Any]], out: Path) -> li
             fig = _pareto_figure(plt, table, records)
             path = out / "pareto.png"
         elif plot == "intervals":
-            fig, path = _intervals_figure(plt, table, records), out / "intervals.png"
+            fig, path = _differences_figure(plt, table, records), out / "intervals.png"
+        elif plot == "levels":
+            fig, path = _intervals_figure(plt, table, records), out / "levels.png"
         elif plot.startswith("series:"):
             key = plot.split(":", 1)[1]
             fig, ax = plt.subplots(figsize=(8, 4))
@@ -89,9 +96,10 @@ def draw_table_plots(table: Any, records: list[dict[str, Any]], out: Path) -> li
             for label, runs in metrics.items():
                 evals = [r for r in (runs[0] if runs else []) if r.get("kind") == "eval" and r.get("wall_s") is not None]
                 if evals:
-                    ax.plot([r["wall_s"] for r in evals], [r["test_acc"] for r in evals], "o-", ms=3, label=label)
-            ax.set(xlabel="wall-clock s", ylabel="test accuracy")
-            ax.set_title(_title(table, "accuracy against wall-clock"), fontsize=10)
+                    ax.plot([r["wall_s"] for r in evals], [r.get(table.compare_metric) for r in evals], "o-", ms=3,
+                            label=label)
+            ax.set(xlabel="wall-clock s", ylabel=_label(table.compare_metric))
+            ax.set_title(_title(table, f"{_label(table.compare_metric)} against wall-clock"), fontsize=10)
             ax.legend(fontsize=8)
             fig.tight_layout()
             path = out / "accuracy_wall.png"
@@ -117,16 +125,6 @@ def draw_table_plots(table: Any, records: list[dict[str, Any]], out: Path) -> li
     return made
 
 
-def variant_of(label: str) -> str:
-    """The variant of a `<row>@<variant>` label ("" for a table without variants)."""
-    return label.partition("@")[2]
-
-
-def row_of(label: str) -> str:
-    """The row of a `<row>@<variant>` label (the whole label without variants)."""
-    return label.partition("@")[0]
-
-
 def variants_in(labels: Sequence[str]) -> list[str]:
     """The labels' variants in first-seen order (one panel or front each); [""] for none."""
     return list(dict.fromkeys(variant_of(label) for label in labels)) or [""]
@@ -139,9 +137,22 @@ def clipped_error(mean: float, half: Optional[float], low: float = 0.0, high: fl
     return mean - max(low, mean - half), min(high, mean + half) - mean
 
 
+def _bounds(metric: str) -> tuple[float, float]:
+    """What a metric can take: [0, 1] for an accuracy, [0, inf) for a loss or a count."""
+    return (0.0, 1.0) if is_proportion(metric) else (0.0, math.inf)
+
+
+def _label(metric: str) -> str:
+    return {"test_acc": "test accuracy", "test_loss": "test loss", "val_acc": "validation accuracy",
+            "val_loss": "validation loss"}.get(metric, metric.replace("_", " "))
+
+
 def _accuracy_figure(plt: Any, table: Any, metrics: dict[str, list[list[dict[str, Any]]]]) -> Any:
-    """Test accuracy against step and against communicated bytes, one row of panels per variant
-    (IID and skewed data are different problems), the legend beside them."""
+    """The headline metric against step and against communicated bytes, one row of panels per
+    variant (IID and skewed data are different problems), the legend beside them."""
+    metric = table.compare_metric
+    low, high = _bounds(metric)
+    limits = {"ylim": (-0.02, 1.02)} if is_proportion(metric) else {}
     variants = variants_in(list(metrics))
     fig, axes = plt.subplots(len(variants), 2, figsize=(14, 4.2 * len(variants)), squeeze=False)
     seeds = f" (mean of {len(table.seeds)} seeds, 95% t)" if len(table.seeds) > 1 else ""
@@ -151,18 +162,17 @@ def _accuracy_figure(plt: Any, table: Any, metrics: dict[str, list[list[dict[str
     styles = {n: {"color": palette(i % 20), "fmt": "o" + ["-", "--", ":"][i // 20 % 3]} for i, n in enumerate(names)}
     for n, ((by_step, by_bytes), variant) in enumerate(zip(axes, variants)):
         for label, runs in metrics.items():
-            curve = eval_curve(runs) if variant_of(label) == variant else []
+            curve = eval_curve(runs, metric) if variant_of(label) == variant else []
             if not curve:
                 continue
             steps, mb, acc, err = (list(c) for c in zip(*curve))
-            yerr = list(zip(*(clipped_error(a, e) for a, e in zip(acc, err))))
+            yerr = list(zip(*(clipped_error(a, e, low, high) for a, e in zip(acc, err))))
             style = dict(ms=3, capsize=2, lw=1, **styles[row_of(label)])
             by_step.errorbar(steps, acc, yerr=yerr, label=row_of(label), **style)
             by_bytes.errorbar(mb, acc, yerr=yerr, **style)
         name = f" ({variant})" if variant else ""
-        by_step.set(xlabel="step", ylabel=f"test accuracy{name}{seeds}", ylim=(-0.02, 1.02))
-        by_bytes.set(xlabel="communicated MB (all ranks)", ylabel=f"test accuracy{name}", xscale="symlog",
-                     ylim=(-0.02, 1.02))
+        by_step.set(xlabel="step", ylabel=f"{_label(metric)}{name}{seeds}", **limits)
+        by_bytes.set(xlabel="communicated MB (all ranks)", ylabel=f"{_label(metric)}{name}", xscale="symlog", **limits)
         if n == 0 and by_step.get_legend_handles_labels()[0]:  # (one legend: the rows are the same below)
             by_bytes.legend(*by_step.get_legend_handles_labels(), fontsize=7, loc="upper left",
                             bbox_to_anchor=(1.02, 1.0), ncol=1 + len(names) // 30)
@@ -171,29 +181,113 @@ def _accuracy_figure(plt: Any, table: Any, metrics: dict[str, list[list[dict[str
     return fig
 
 
+def _verdict_colour(rec: dict[str, Any], sign: int) -> str:
+    """Green: resolved better than its baseline (Holm-corrected), red: resolved worse, grey: not
+    resolved, black: the baseline itself."""
+    if rec["label"] == rec.get("baseline"):
+        return "black"
+    if not rec.get("diff_resolved"):
+        return "tab:gray"
+    return "tab:green" if sign * (rec.get("diff") or 0.0) > 0 else "tab:red"
+
+
 def _intervals_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> Any:
-    """Each row's final test accuracy with its 95% interval over seeds, sorted, one panel per
-    variant, the baseline row's mean as a line; a row whose paired difference from the baseline
-    is resolved is coloured (red: worse, green: better), the rest grey. What a reader of a
-    many-row table wants first: which rows are told apart from the baseline, and which are not."""
-    ok = [r for r in records if r.get("test_acc") is not None]
+    """`levels`: each row's final headline value with its 95% interval over seeds, sorted (best at
+    the top), one panel per variant, the baseline row's mean as a line; a row resolved from its
+    baseline coloured (red: worse, green: better), the rest grey. The absolute level; the
+    differences themselves are `_differences_figure`."""
+    metric = table.compare_metric
+    sign = headline(table).sign
+    low, high = _bounds(metric)
+    ok = [r for r in records if r.get(metric) is not None]
     variants = variants_in([r["label"] for r in ok])
     per = max(sum(1 for r in ok if variant_of(r["label"]) == v) for v in variants)
     fig, axes = plt.subplots(1, len(variants), figsize=(6.5 * len(variants), 1.2 + 0.24 * per), squeeze=False)
     for ax, variant in zip(axes[0], variants):
-        rows = sorted((r for r in ok if variant_of(r["label"]) == variant), key=lambda r: r["test_acc"])
+        rows = sorted((r for r in ok if variant_of(r["label"]) == variant), key=lambda r: sign * r[metric])
         for y, rec in enumerate(rows):
-            below, above = clipped_error(rec["test_acc"], rec.get("test_acc_ci95"))
-            resolved, diff = rec.get("diff_resolved"), rec.get("diff") or 0.0
-            colour = ("black" if rec["label"] == rec.get("baseline") else
-                      "tab:red" if resolved and diff < 0 else "tab:green" if resolved else "tab:gray")
-            ax.errorbar([rec["test_acc"]], [y], xerr=[[below], [above]], fmt="o", ms=4, capsize=2, color=colour)
+            below, above = clipped_error(rec[metric], rec.get(f"{metric}_ci95"), low, high)
+            ax.errorbar([rec[metric]], [y], xerr=[[below], [above]], fmt="o", ms=4, capsize=2,
+                        color=_verdict_colour(rec, sign))
         base = next((r for r in rows if r["label"] == r.get("baseline")), None)
         if base is not None:
-            ax.axvline(base["test_acc"], color="black", lw=0.8, ls="--")
+            ax.axvline(base[metric], color="black", lw=0.8, ls="--")
         ax.set_yticks(range(len(rows)), [row_of(r["label"]) for r in rows], fontsize=8)
-        ax.set(xlabel="final test accuracy, mean and 95% t interval over seeds", xlim=(-0.02, 1.02),
+        ax.set(xlabel=f"final {_label(metric)}, mean and 95% interval over seeds",
                title=f"{variant or table.name}: red/green = resolved from {row_of(base['label']) if base else 'the baseline'}")
+        if is_proportion(metric):
+            ax.set_xlim(-0.02, 1.02)
+        ax.title.set_fontsize(9)
+        ax.grid(axis="x", lw=0.3)
+    fig.suptitle(_title(table, width=140), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _difference_bar(rec: dict[str, Any]) -> tuple[float, float]:
+    """(below, above) of a row's Holm-corrected interval of its difference (the raw 95% one where
+    there is no correction; (0, 0) without an interval)."""
+    low, high = rec.get("diff_low_holm"), rec.get("diff_high_holm")
+    if low is None:
+        low, high = rec.get("diff_low"), rec.get("diff_high")
+    if low is None or high is None:
+        return 0.0, 0.0
+    return rec["diff"] - low, high - rec["diff"]
+
+
+def _axis_limit(extents: list[float]) -> Optional[float]:
+    """Half the width of a differences axis that keeps the typical rows readable: None (fit
+    everything) unless a few rows lie more than 8 times further out than the median row's interval
+    end, then twice the 75th percentile of those ends."""
+    ends = sorted(e for e in extents if e > 0)
+    if not ends or ends[-1] <= 8 * ends[len(ends) // 2]:
+        return None
+    return 2 * ends[(3 * len(ends)) // 4]
+
+
+def _differences_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> Any:
+    """`intervals`: each row's difference from its baseline (paired by seed, Welch's where marked)
+    with its Holm-corrected interval, sorted (best at the top), one panel per variant, on an axis
+    scaled to the differences; resolved better green, worse red, the rest grey; 0, the baseline,
+    as a line. Where a few rows lie far out (a method that collapses under skew), the axis keeps
+    the others readable and those rows are drawn as arrows at its edge with their value written."""
+    metric = table.compare_metric
+    sign = headline(table).sign
+    ok = [r for r in records if r.get("diff") is not None and r["label"] != r.get("baseline")]
+    variants = variants_in([r["label"] for r in ok]) if ok else [""]
+    per = max([sum(1 for r in ok if variant_of(r["label"]) == v) for v in variants] or [1])
+    fig, axes = plt.subplots(1, len(variants), figsize=(6.5 * len(variants), 1.8 + 0.24 * per), squeeze=False)
+    for ax, variant in zip(axes[0], variants):
+        rows = sorted((r for r in ok if variant_of(r["label"]) == variant), key=lambda r: sign * r["diff"])
+        bars = [_difference_bar(r) for r in rows]
+        intervals = any(r.get("diff_low") is not None for r in rows)
+        limit = _axis_limit([e for r, (below, above) in zip(rows, bars)
+                             for e in (abs(r["diff"] - below), abs(r["diff"] + above))])
+        for y, (rec, (below, above)) in enumerate(zip(rows, bars)):
+            colour = _verdict_colour(rec, sign)
+            if limit is not None and abs(rec["diff"]) > limit:  # far out: an arrow at the edge, its value written
+                edge = math.copysign(limit, rec["diff"])
+                ax.plot([edge], [y], marker="<" if edge < 0 else ">", ms=7, color=colour)
+                ax.annotate(f"{rec['diff']:+.3f} [{rec['diff'] - below:+.3f}, {rec['diff'] + above:+.3f}]",
+                            (edge, y), textcoords="offset points", xytext=(8 if edge < 0 else -8, 3),
+                            ha="left" if edge < 0 else "right", fontsize=7, color=colour)
+                continue
+            marker = "s" if rec.get("diff_method") == "welch" else "o"
+            ax.errorbar([rec["diff"]], [y], xerr=[[below], [above]], fmt=marker, ms=4, capsize=2, color=colour)
+        ax.axvline(0.0, color="black", lw=0.8, ls="--")
+        base = rows[0].get("baseline") if rows else None
+        ax.set_yticks(range(len(rows)), [row_of(r["label"]) + (" (Welch)" if r.get("diff_method") == "welch" else "")
+                                         for r in rows], fontsize=8)
+        if limit is not None:
+            ax.set_xlim(-1.05 * limit, 1.05 * limit)
+        else:
+            ax.margins(x=0.05)
+        corrected = ("Holm-corrected interval" if any(r.get("diff_level") not in (None, 0.05) for r in rows) else
+                     "95% interval") if intervals else "one seed: no interval"
+        ax.set(xlabel=f"{_label(metric)} - {row_of(base) if base else 'baseline'} ({corrected}; "
+                      f"{'higher' if sign > 0 else 'lower'} is better)",
+               title=f"{variant or table.name}: difference from {row_of(base) if base else 'the baseline'}; "
+                     f"green/red = resolved better/worse")
         ax.title.set_fontsize(9)
         ax.grid(axis="x", lw=0.3)
     fig.suptitle(_title(table, width=140), fontsize=10)
@@ -232,36 +326,42 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
 
 
 def _pareto_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> Any:
-    """Final test accuracy against communicated MB (symlog: a one-process row sends nothing), the
-    Pareto front as a step line through its rows (one front per variant). Rows are numbered by bytes next to their points
-    and listed beside the axes (15 names near one another overprint; numbers stay readable)."""
-    ok = sorted((r for r in records if r.get("test_acc") is not None and r.get("comm_bytes") is not None),
+    """The final headline value against communicated MB (symlog: a one-process row sends nothing),
+    the Pareto front (in the metric's direction) as a step line through its rows (one front per
+    variant). Rows are numbered by bytes next to their points and listed beside the axes (15
+    names near one another overprint; numbers stay readable)."""
+    metric = table.compare_metric
+    sign = headline(table).sign
+    low, high = _bounds(metric)
+    ok = sorted((r for r in records if isinstance(r.get(metric), float) and r.get("comm_bytes") is not None),
                 key=lambda r: r["comm_bytes"])
-    points = [(r["comm_bytes"] / 1e6, r["test_acc"]) for r in ok]
+    points = [(r["comm_bytes"] / 1e6, r[metric]) for r in ok]
     # one front per variant (`<row>@<variant>` labels: IID and skewed data are different problems)
     variants = list(dict.fromkeys(variant_of(r["label"]) for r in ok))
     fronts = {}
     for v in variants:
         members = [i for i, r in enumerate(ok) if variant_of(r["label"]) == v]
-        fronts[v] = [members[j] for j in pareto_front([points[i] for i in members])]
+        fronts[v] = [members[j] for j in pareto_front([(points[i][0], sign * points[i][1]) for i in members])]
     front = [i for f in fronts.values() for i in f]
     fig, ax = plt.subplots(figsize=(11, 5))
     fig.subplots_adjust(left=0.07, right=0.68, top=0.88, bottom=0.11)
     ax.errorbar([x for x, _ in points], [y for _, y in points], fmt="o", ms=4, color="tab:gray", capsize=2,
                 xerr=[(r.get("comm_bytes_ci95") or 0.0) / 1e6 for r in ok],
-                yerr=list(zip(*(clipped_error(r["test_acc"], r.get("test_acc_ci95")) for r in ok))), zorder=2)
+                yerr=list(zip(*(clipped_error(r[metric], r.get(f"{metric}_ci95"), low, high) for r in ok)))
+                if ok else None, zorder=2)
     colours = ["tab:red", "tab:blue", "tab:green", "tab:purple"]
     for n, (v, members) in enumerate(fronts.items()):
         ax.plot([points[i][0] for i in members], [points[i][1] for i in members], "o-", drawstyle="steps-post",
                 color=colours[n % len(colours)], ms=6, zorder=3,
-                label=f"Pareto front{f' ({v})' if v else ''}: no row is as accurate with fewer bytes")
+                label=f"Pareto front{f' ({v})' if v else ''}: no row is as good with fewer bytes")
     for n, ((x, y), lift) in enumerate(zip(points, _label_lifts([x for x, _ in points])), 1):
         ax.annotate(str(n), (x, y), textcoords="offset points", xytext=(3, 3 + lift), fontsize=7)
     ax.margins(x=0.08, y=0.12)
     bars = " (mean, 95% t interval over seeds)" if len(table.seeds) > 1 else ""
-    ax.set(xlabel="communicated MB (all ranks, whole run)", ylabel="final test accuracy" + bars, xscale="symlog")
-    ax.legend(fontsize=8, loc="best")
-    ax.set_title(_title(table, "accuracy against communication"), fontsize=10)
+    ax.set(xlabel="communicated MB (all ranks, whole run)", ylabel=f"final {_label(metric)}" + bars, xscale="symlog")
+    if ok:
+        ax.legend(fontsize=8, loc="best")
+    ax.set_title(_title(table, f"{_label(metric)} against communication"), fontsize=10)
     for n, (rec, (x, y)) in enumerate(zip(ok, points), 1):
         on_front = n - 1 in front
         colour = colours[variants.index(variant_of(rec["label"])) % len(colours)] if on_front else "black"

@@ -1,17 +1,21 @@
-"""A table's results: one record per row (mean, spread and 95% t interval over seeds, ratios to
-the baseline, the difference from the baseline with its interval, the paper's numbers, the tuning
-grid and its choice), as markdown and CSV. See engine/tables/stats.py for the intervals."""
+"""A table's results: one record per row (mean, spread and 95% interval over seeds, ratios to the
+baseline, the difference from the baseline with its raw and Holm-corrected intervals, the paper's
+numbers, the tuning grid and its choice), as markdown and CSV, beside runs.csv (engine/tables/runs.py).
+See engine/tables/stats.py for the intervals and engine/tables/compare.py for the comparisons."""
 from __future__ import annotations
 
 import csv
-import json
 import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from engine.report.metrics import read_metrics
-from engine.tables.config import RowConfig, TableConfig, row_dir, row_grid
-from engine.tables.stats import LEVEL, difference, half_width
+from engine.tables.compare import Comparison, Family, build_family
+from engine.tables.config import TableConfig, headline, row_dir, row_grid, target, tie_seeds
+from engine.tables.measure import evaluation_set, is_proportion, sign
+from engine.tables.runs import TASK_METRICS, Summary, read_runs, set_size
+from engine.tables.runs import to_target as _to_target
+from engine.tables.stats import LEVEL, cell_half_width
 from engine.tables.tuning import Tuned, grid_settings, setting_name
 
 #: the default columns of table.csv, after the label (TableConfig.columns); ratios and paper columns follow
@@ -20,62 +24,73 @@ RATIOS = ["syncs", "comm_bytes", "wall_s", "samples_per_s"]
 NOT_REACHED = "not reached"
 
 
-def to_target(run_dir: Any, target: float, metric: str = "test_acc") -> tuple[Optional[float], Optional[int]]:
-    """Wall-clock seconds and bytes sent (all ranks) of the run at its first evaluation with
-    `metric` >= target ((None, None): never)."""
-    for rec in read_metrics(run_dir.metrics):
-        if rec.get("kind") == "eval" and rec.get(metric, 0.0) >= target and rec.get("wall_s") is not None:
-            sent = rec.get("comm_bytes_total")
-            return float(rec["wall_s"]), (int(sent) if sent is not None else None)
-    return None, None
+def to_target(run_dir: Any, target_value: float, metric: str = "test_acc") -> tuple[Optional[float], Optional[int]]:
+    """Wall-clock seconds and bytes sent (all ranks) of the run at its first evaluation whose
+    `metric` reaches the target in its direction ((None, None): never)."""
+    return _to_target(run_dir, target_value, metric)
 
 
-def time_to_target(run_dir: Any, target: float, metric: str = "test_acc") -> Optional[float]:
-    """Wall-clock seconds of the run at its first evaluation with `metric` >= target (None: never)."""
-    return to_target(run_dir, target, metric)[0]
+def time_to_target(run_dir: Any, target_value: float, metric: str = "test_acc") -> Optional[float]:
+    """Wall-clock seconds of the run at its first evaluation reaching the target (None: never)."""
+    return to_target(run_dir, target_value, metric)[0]
 
 
-def _run_values(table: TableConfig, row: RowConfig, seed: int, out: Path) -> Optional[dict[str, Any]]:
-    """A finished run's summary, with time_to_target_s and bytes_to_target added when the table
-    has a target."""
-    run_dir = row_dir(out, row, seed)
-    if not run_dir.summary.exists():
+@dataclass
+class Gathered:
+    """A table's records (one per row), the per-seed summaries they come from, and its family of
+    comparisons."""
+    records: list[dict[str, Any]]
+    runs: dict[str, dict[int, Summary]]
+    family: Family = field(default_factory=Family)
+
+
+def _cell(rec: dict[str, Any], metric: str, runs: list[Summary], table: TableConfig) -> None:
+    """Mean, standard deviation and 95% half-width (with the evaluation set's floor for an
+    accuracy) of one metric over a row's seeds."""
+    values_ = [float(r[metric]) for r in runs if isinstance(r.get(metric), (int, float))
+               and not isinstance(r.get(metric), bool)]
+    rec[metric] = statistics.fmean(values_) if values_ else None
+    rec[f"{metric}_std"] = statistics.stdev(values_) if len(values_) > 1 else None
+    rec[f"{metric}_ci95"] = cell_half_width(values_, set_size_of(table, runs, metric))
+    if metric in ("time_to_target_s", "bytes_to_target") and runs and len(values_) < len(runs):
+        rec[metric] = NOT_REACHED  # some seed never reached the target: no mean to show
+        rec[f"{metric}_ci95"] = None
+
+
+def set_size_of(table: TableConfig, runs: list[Summary], metric: str) -> Optional[int]:
+    """The evaluation set's size under an accuracy's floor, from a row's runs (the smallest they
+    record, else the table's test_examples/val_examples; None for a metric that is not a share)."""
+    if not is_proportion(metric):
         return None
-    summary = json.loads(run_dir.summary.read_text())
-    if table.target_acc is not None:
-        summary["time_to_target_s"], summary["bytes_to_target"] = to_target(run_dir, table.target_acc,
-                                                                            table.target_metric)
-    return summary
+    known = [n for n in (set_size(s, metric, table) for s in runs) if n]
+    return min(known) if known else (table.test_examples if metric.startswith(("test", "best_test"))
+                                     else table.val_examples)
 
 
-def gather(table: TableConfig, out: Path, status: dict[tuple[str, int], str],
-           tuned: Optional[dict[str, Tuned]] = None) -> list[dict[str, Any]]:
+def collect(table: TableConfig, out: Path, status: dict[tuple[str, int], str],
+            tuned: Optional[dict[str, Tuned]] = None) -> Gathered:
     """One record per row: mean/std/95% half-width over seeds of each metric, ratios, the
-    difference of `compare_metric` from the baseline row, the paper's numbers, the tuning."""
+    comparison of `compare_metric` with the baseline row (raw and Holm-corrected), the paper's
+    numbers, the tuning; the per-seed summaries and the table's family of comparisons."""
+    runs = read_runs(table, out)
     records = []
-    per_seed: dict[str, dict[int, float]] = {}
     for row in table.rows:
-        by_seed = {seed: _run_values(table, row, seed, out) for seed in table.seeds}
-        runs = [r for r in by_seed.values() if r is not None]
-        per_seed[row.label] = {s: float(r[table.compare_metric]) for s, r in by_seed.items()
-                               if r is not None and isinstance(r.get(table.compare_metric), (int, float))}
+        found = [runs[row.label][s] for s in table.seeds if s in runs[row.label]]
         failed = [s for s in table.seeds if status.get((row.label, s)) == "failed"]
-        rec: dict[str, Any] = {"label": row.label, "recipe": row.recipe or "", "seeds": len(runs),
-                               "status": "ok" if len(runs) == len(table.seeds) else
+        rec: dict[str, Any] = {"label": row.label, "recipe": row.recipe or "", "seeds": len(found),
+                               "status": "ok" if len(found) == len(table.seeds) else
                                ("failed" if failed else "missing"),
                                "log": str(row_dir(out, row, (failed or table.seeds)[0]).row_log),
                                "baseline": row.baseline or table.baseline, "x": row.x,
                                "series": row.series or row.label}
         for metric in dict.fromkeys(table.columns + table.ratios):
-            values = [float(r[metric]) for r in runs if isinstance(r.get(metric), (int, float))]
-            rec[metric] = statistics.fmean(values) if values else None
-            rec[f"{metric}_std"] = statistics.stdev(values) if len(values) > 1 else None
-            rec[f"{metric}_ci95"] = half_width(values)
-            if metric in ("time_to_target_s", "bytes_to_target") and runs and len(values) < len(runs):
-                rec[metric] = NOT_REACHED  # some seed never reached the target: no mean to show
-                rec[f"{metric}_ci95"] = None
+            _cell(rec, metric, found, table)
         if tuned and row.label in tuned:
-            rec["tuned"] = setting_name(tuned[row.label].winner) if tuned[row.label].winner else "none"
+            result = tuned[row.label]
+            rec["tuned"] = setting_name(result.winner) if result.winner else "none"
+            rec["tuned_within_noise"] = result.within_noise
+            rec["tuned_at_edge"] = result.at_edge
+        rec["commits"] = " ".join(sorted({str(s.get("commit") or "unknown")[:7] for s in found}))
         for key, value in row.paper.items():
             rec[f"paper_{key}"] = value
         records.append(rec)
@@ -85,12 +100,39 @@ def gather(table: TableConfig, out: Path, status: dict[tuple[str, int], str],
         for metric in table.ratios:
             ok = base and isinstance(rec[metric], float) and isinstance(base[metric], float) and base[metric]
             rec[f"{metric}_vs_base"] = rec[metric] / base[metric] if ok else None
-        diff = difference(per_seed[rec["label"]], per_seed[base["label"]]) if base and base is not rec else None
-        rec["diff"] = diff.mean if diff else None
-        rec["diff_low"], rec["diff_high"] = (diff.low, diff.high) if diff else (None, None)
-        rec["diff_method"] = diff.method if diff else None
-        rec["diff_resolved"] = diff.resolved if diff else None
-    return records
+    family = build_family(table, runs, headline(table))
+    for rec in records:
+        _difference_fields(rec, family.of_row(rec["label"]), family.notes.get(rec["label"], ""))
+    return Gathered(records, runs, family)
+
+
+def _difference_fields(rec: dict[str, Any], c: Optional[Comparison], note: str) -> None:
+    """table.csv's comparison columns: `diff`, its 95% interval (`diff_low`, `diff_high`), how it
+    was formed, its p-values raw and Holm-adjusted, the Holm-level interval, and `diff_resolved`
+    (Holm-corrected; `diff_resolved_raw` before the correction)."""
+    d = c.diff if c else None
+    rec["diff"] = d.mean if d else None
+    rec["diff_low"], rec["diff_high"] = (d.low, d.high) if d else (None, None)
+    rec["diff_method"] = d.method if d else None
+    rec["diff_unpaired"] = c.unpaired if c else ""
+    rec["diff_p"] = c.p if c else None
+    rec["diff_p_holm"] = c.p_holm if c else None
+    rec["diff_level"] = c.level if c else None
+    rec["diff_low_holm"], rec["diff_high_holm"] = (c.low_holm, c.high_holm) if c else (None, None)
+    rec["diff_resolved_raw"] = d.resolved if d else None
+    rec["diff_resolved"] = (c.resolved if c.p_holm is not None else d.resolved) if c and d else None
+    rec["note"] = note
+
+
+def gather(table: TableConfig, out: Path, status: dict[tuple[str, int], str],
+           tuned: Optional[dict[str, Tuned]] = None) -> list[dict[str, Any]]:
+    """The records of `collect` alone."""
+    return collect(table, out, status, tuned).records
+
+
+def _is_measure(metric: str) -> bool:
+    """A value measured on an evaluation set (shown with 4 decimals and its interval)."""
+    return evaluation_set(metric) is not None or metric in TASK_METRICS or "_acc" in metric or metric.endswith("acc")
 
 
 def _fmt(value: Any, metric: str, ci: Any = None) -> str:
@@ -104,88 +146,196 @@ def _fmt(value: Any, metric: str, ci: Any = None) -> str:
         text = f"{value / 1e6:.1f} MB"
     elif metric in ("steps", "syncs"):
         text = f"{value:.0f}"
-    elif "_acc" in metric or metric.endswith("acc"):
+    elif _is_measure(metric):
         text = f"{value:.4f}"
     elif isinstance(value, float):
         text = f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
     else:
         text = str(value)
-    return f"{text} ± {ci:.4f}" if ci is not None and ("_acc" in metric or metric.endswith("acc")) else text
+    return f"{text} ± {ci:.4f}" if ci is not None and _is_measure(metric) else text
+
+
+def _p(value: Optional[float]) -> str:
+    if value is None:
+        return "-"
+    return "<0.0001" if value < 1e-4 else f"{value:.4f}"
 
 
 def _fmt_diff(rec: dict[str, Any]) -> str:
-    """`+0.0123 [+0.0050, +0.0196] resolved` (or the mean alone without an interval)."""
+    """`+0.0123 [+0.0050, +0.0196] resolved`: the difference, its interval at the Holm level (the
+    95% one where no correction applies), and the Holm-corrected flag; the mean alone without one."""
     if rec.get("diff") is None:
         return "-"
-    if rec["diff_low"] is None:
+    low, high = rec.get("diff_low_holm"), rec.get("diff_high_holm")
+    if low is None:
+        low, high = rec.get("diff_low"), rec.get("diff_high")
+    if low is None:
         return f"{rec['diff']:+.4f}"
     mark = " **resolved**" if rec["diff_resolved"] else ""
-    return f"{rec['diff']:+.4f} [{rec['diff_low']:+.4f}, {rec['diff_high']:+.4f}]{mark}"
+    unpaired = " (Welch)" if rec.get("diff_method") == "welch" else ""
+    return f"{rec['diff']:+.4f} [{low:+.4f}, {high:+.4f}]{mark}{unpaired}"
 
 
 def _tuning_lines(table: TableConfig, tuned: dict[str, Tuned], failed: list[str]) -> list[str]:
-    """The grids, each setting's mean validation result, and the chosen setting."""
+    """The grids, each setting's mean validation result (and tie metric), and the chosen setting;
+    the rows chosen within noise, at an edge, or with extended grids."""
+    first = tuned[next(iter(tuned))]
     lines = ["## Tuning", "",
              f"Each tuned row ran its grid on seeds {table.tune_seeds}; the setting with the best mean "
-             f"{tuned[next(iter(tuned))].metric} (validation) was then run on seeds {table.seeds}, whose test "
-             f"results are above. Test accuracy chose nothing.", "",
-             "| row | setting | mean " + tuned[next(iter(tuned))].metric + " | runs | chosen |", "|---|---|---|---|---|"]
+             f"{first.metric} (validation) was then run on seeds {table.seeds}, whose test "
+             f"results are above. Test accuracy chose nothing. Settings whose validation results are not "
+             f"told apart from the best (the interval of their paired difference, floored by the validation "
+             f"set's size, includes 0) are contenders; a one-seed grid with several contenders ran again on "
+             f"tuning seed(s) {tie_seeds(table)}, "
+             f"and the contenders left are decided by the best mean {table.tie_metric}, then the best mean "
+             f"{first.metric}, then grid order (engine/tables/tuning.py).", "",
+             f"| row | setting | mean {first.metric} | runs | chosen | mean {table.tie_metric} | contender |",
+             "|---|---|---|---|---|---|---|"]
     for label, result in tuned.items():
         for setting, mean, runs in result.results:
+            tie = result.tie_means.get(setting)
             lines.append(f"| {label} | {setting_name(setting)} | {'-' if mean is None else f'{mean:.4f}'} | "
-                         f"{runs}/{len(table.tune_seeds)} | {'**yes**' if setting == result.winner else ''} |")
+                         f"{runs}/{len(result.seeds) or len(table.tune_seeds)} | "
+                         f"{'**yes**' if setting == result.winner else ''} | "
+                         f"{'-' if tie is None else f'{tie:.4f}'} | "
+                         f"{'yes' if result.within_noise and setting in result.contenders else ''} |")
     rows = {r.label: r for r in table.rows}
     extended = [label for label, result in tuned.items()
                 if label in rows and len(result.results) > len(grid_settings(row_grid(table, rows[label])))]
     if extended:
         lines += ["", f"Grids extended beyond a winning edge (table.tune_extend={table.tune_extend}): "
                       f"{', '.join(extended)}."]
-    at_edge = [label for label, result in tuned.items() if _chosen_at_edge(result)]
+    noisy = [f"{label} ({len(r.contenders)} contenders on {len(r.seeds)} seed{'s' * (len(r.seeds) != 1)}, "
+             f"decided by {r.rule})" for label, r in tuned.items() if r.within_noise]
+    if noisy:
+        lines += ["", f"Chosen within noise (validation does not tell the contenders apart; the choice rests on "
+                      f"the rule named): {', '.join(noisy)}."]
+    at_edge = [label for label, result in tuned.items() if result.at_edge]
     if at_edge:
-        lines += ["", f"Chosen at an edge of the grid as run (the best setting may lie beyond it; these rows' "
-                      f"tuning is not resolved): {', '.join(at_edge)}."]
+        lines += ["", f"Chosen at an edge of the grid as run, or tied with an edge (the best setting may lie beyond "
+                      f"it; these rows' tuning is not resolved): {', '.join(at_edge)}."]
     if failed:
         lines += ["", f"Tuning runs that did not complete (no mean, cannot be chosen): {', '.join(failed)}."]
     return lines + [""]
 
 
-def _chosen_at_edge(result: Tuned) -> bool:
-    """A one-key grid whose winner is its smallest or largest value and strictly the best."""
-    if result.winner is None or len(result.winner) != 1 or len(result.results) < 2:
-        return False
-    scored = [(setting[0][1], mean) for setting, mean, _ in result.results if mean is not None]
-    if not all(isinstance(v, (int, float)) for v, _ in scored):
-        return False
-    scored.sort()
-    best = max(m for _, m in scored)
-    winner = result.winner[0][1]
-    strictly = sum(1 for _, m in scored if m == best) == 1
-    return strictly and winner in (scored[0][0], scored[-1][0])
+def _intervals_text(table: TableConfig, family: Optional[Family], gathered_n: Optional[int]) -> list[str]:
+    floor = (f" The seeds share one test set of {gathered_n} examples, so an accuracy's interval is never "
+             f"narrower than that set allows: h = sqrt(h_seed^2 + (1.96 SE)^2), SE the Agresti-Coull standard "
+             f"error of the mean accuracy on {gathered_n} examples; a difference's floor counts the examples "
+             f"it rests on (fewer than 6 are never resolved)." if gathered_n else
+             f" No test-set floor: {'the runs record no test-set size (set table.test_examples)' if is_proportion(table.compare_metric) else table.compare_metric + ' is not a proportion, and the runs record no per-example spread'}; "
+             f"intervals are over seeds only.")
+    m = family.size if family else 0
+    holm = (f" The {m} comparisons of this table (each row against its baseline"
+            f"{', the skew interaction' if table.interaction_from else ''}"
+            f"{', the declared pairs' if table.comparisons else ''}) are corrected together by Holm's method: "
+            f"**resolved** means a Holm-adjusted p below 0.05, and the interval shown is at the level of the "
+            f"Holm step that decided it." if m > 1 else " **resolved**: the interval excludes 0.")
+    return [f"Cells: mean over seeds {table.seeds} ± the half-width of its {LEVEL:.0%} interval "
+            f"(Student-t over seeds).{floor} The difference from the baseline row is paired by seed where the "
+            f"two rows share what a seed fixes (the same training ranks and partition), else Welch's "
+            f"(marked).{holm} Per-seed values: runs.csv.", ""]
+
+
+def _resolution_lines(table: TableConfig, family: Family) -> list[str]:
+    m = max(family.size, 1)
+    lines = ["## What this table can resolve", "",
+             f"The smallest true difference from the baseline each variant resolves with 80% power, from the "
+             f"median standard deviation of its rows' per-seed paired differences (engine/tables/stats.py, "
+             f"min_detectable), at alpha 0.05 for one comparison and at alpha 0.05/{m}, Holm's first step "
+             f"over this table's {m} comparisons.", "",
+             "| variant | paired comparisons | seeds | SD of paired differences | test examples | "
+             "smallest resolvable (one comparison) | smallest resolvable (alpha/m) |"
+             + (f" seeds for {table.resolve_target:g} |" if table.resolve_target else ""),
+             "|---|---|---|---|---|---|---|" + ("---|" if table.resolve_target else "")]
+    for r in family.resolution:
+        cells = [r.variant or table.name, str(r.comparisons), str(r.seeds),
+                 "-" if r.sd is None else f"{r.sd:.4f}", str(r.n_examples or "-"),
+                 "-" if r.mdd is None else f"{r.mdd:.4f}", "-" if r.mdd_holm is None else f"{r.mdd_holm:.4f}"]
+        if table.resolve_target:
+            cells.append("-" if r.seeds_for_target is None else str(r.seeds_for_target))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def _comparison_lines(table: TableConfig, family: Family) -> list[str]:
+    lines = ["## Comparisons", "",
+             f"Every comparison of {table.compare_metric} in the family ({family.size} with an interval), raw 95% "
+             f"interval and p, Holm-adjusted p and the verdict; Welch where the two sides are not paired, and why.",
+             "", "| comparison | kind | method | estimate | 95% CI | p | p (Holm) | resolved (Holm) | unpaired because |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for c in family.comparisons:
+        d = c.diff
+        ci = "-" if d.low is None else f"[{d.low:+.4f}, {d.high:+.4f}]"
+        lines.append(f"| {c.name} | {c.kind} | {d.method} | {d.mean:+.4f} | {ci} | {_p(c.p)} | {_p(c.p_holm)} | "
+                     f"{'**yes**' if c.resolved else ('no' if c.resolved is not None else '-')} | {c.unpaired} |")
+    return lines + [""]
+
+
+def _interaction_lines(table: TableConfig, family: Family) -> list[str]:
+    found = [c for c in family.comparisons if c.kind == "interaction"]
+    if not found:
+        return []
+    lines = ["## Skew interaction", "",
+             f"Each row's change in {table.compare_metric} from {table.interaction_from} to the variant, against its "
+             f"baseline's change: (row@V - row@{table.interaction_from}) - (baseline@V - baseline@"
+             f"{table.interaction_from}); "
+             f"{'positive' if headline(table).sign > 0 else 'negative'} means the row holds up better than its baseline. "
+             f"Interval at its Holm level; paired by seed where all four runs of a seed pair.", "",
+             "| row | variant | row's change | baseline's change | interaction [Holm CI] | resolved |",
+             "|---|---|---|---|---|---|"]
+    for c in found:
+        low, high = (c.low_holm, c.high_holm) if c.low_holm is not None else (c.diff.low, c.diff.high)
+        ci = "" if low is None else f" [{low:+.4f}, {high:+.4f}]"
+        drop_row, drop_base = c.parts or (float("nan"), float("nan"))
+        lines.append(f"| {c.name.split(':')[0]} | {c.variant} | {drop_row:+.4f} | {drop_base:+.4f} | "
+                     f"{c.diff.mean:+.4f}{ci}{' (Welch)' if c.diff.method == 'welch' else ''} | "
+                     f"{'**yes**' if c.resolved else ('no' if c.resolved is not None else '-')} |")
+    return lines + [""]
+
+
+def _declared_lines(table: TableConfig, family: Family) -> list[str]:
+    found = [c for c in family.comparisons if c.kind == "declared"]
+    if not found:
+        return []
+    lines = ["## Declared comparisons", "", f"The pairs table.comparisons names ({table.compare_metric}, a - b), "
+                                            f"interval at its Holm level.", "",
+             "| a - b | method | estimate [Holm CI] | resolved |", "|---|---|---|---|"]
+    for c in found:
+        low, high = (c.low_holm, c.high_holm) if c.low_holm is not None else (c.diff.low, c.diff.high)
+        ci = "" if low is None else f" [{low:+.4f}, {high:+.4f}]"
+        better = sign(headline(table).better) * c.diff.mean > 0
+        verdict = ("**yes**, " + (c.a if better else c.b) + " better") if c.resolved else \
+            ("no" if c.resolved is not None else "-")
+        lines.append(f"| {c.name} | {c.diff.method} | {c.diff.mean:+.4f}{ci} | {verdict} |")
+    return lines + [""]
 
 
 def render_markdown(table: TableConfig, records: list[dict[str, Any]], tuned: Optional[dict[str, Tuned]] = None,
-                    failed_tuning: Optional[list[str]] = None) -> str:
+                    failed_tuning: Optional[list[str]] = None, family: Optional[Family] = None,
+                    provenance: Optional[list[str]] = None, test_examples: Optional[int] = None) -> str:
     per_row = any(r.baseline for r in table.rows)  # rows with their own baseline: name it per row
     base = "baseline" if per_row else table.baseline
     has_base = per_row or table.baseline is not None
     diff_col = has_base and len(table.seeds) > 1
+    corrected = "Holm-corrected 95% CI" if family and family.size > 1 else "95% CI"
     head = ["row", *table.columns, *(["tuned"] if tuned else []), *(["baseline"] if per_row else []),
-            *([f"{table.compare_metric} - baseline (95% CI)"] if diff_col else []),
+            *([f"{table.compare_metric} - baseline ({corrected})"] if diff_col else []),
             *(f"{m} vs {base}" for m in table.ratios if has_base),
             *(f"paper {m}" for m in table.paper_metrics), *(["paper source"] if table.paper_metrics else [])]
-    lines = [f"# {table.title or table.name}", ""]
+    title = table.title or table.name
+    lines = [f"# Quick form (table.quick=true) of: {title}" if table.quick else f"# {title}", ""]
     if table.description:
         lines += [table.description.strip(), ""]
-    if table.target_acc is not None and {"time_to_target_s", "bytes_to_target"} & set(table.columns):
+    if target(table) is not None and {"time_to_target_s", "bytes_to_target"} & set(table.columns):
         lines += [f"time_to_target_s, bytes_to_target: wall-clock and bytes sent (all ranks) of the run at its "
-                  f"first evaluation with {table.target_metric} >= {table.target_acc:g}.", ""]
+                  f"first evaluation with {table.target_metric} reaching {target(table):g}.", ""]
     if table.quick:
         lines += [f"**Quick form** (table.quick=true): rows {', '.join(r.label for r in table.rows)}, seed "
                   f"{table.seeds[0]}, no tuning, overrides {' '.join(table.overrides)}; not the table's result.", ""]
     if len(table.seeds) > 1:
-        lines += [f"Cells: mean over seeds {table.seeds} ± the half-width of its {LEVEL:.0%} Student-t interval. "
-                  f"The difference from the baseline row is paired by seed (Welch's interval where a row misses "
-                  f"seeds); **resolved**: its interval excludes 0.", ""]
+        lines += _intervals_text(table, family, test_examples)
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for rec in records:
         if rec["status"] != "ok":
@@ -193,7 +343,8 @@ def render_markdown(table: TableConfig, records: list[dict[str, Any]], tuned: Op
         else:
             cells = [rec["label"], *(_fmt(rec[m], m, rec.get(f"{m}_ci95")) for m in table.columns)]
             if tuned:
-                cells.append(rec.get("tuned", "-"))
+                noise = " (within noise)" if rec.get("tuned_within_noise") else ""
+                cells.append(rec.get("tuned", "-") + noise)
             if per_row:
                 cells.append(rec["baseline"] or "-")
             if diff_col:
@@ -207,10 +358,18 @@ def render_markdown(table: TableConfig, records: list[dict[str, Any]], tuned: Op
                 cells.append(str(rec.get("paper_source", "-")))
         lines.append("| " + " | ".join(cells) + " |")
     notes = [f"- {r.label}: {r.note}" for r in table.rows if r.note]
+    notes += [f"- {rec['label']}: {rec['note']}" for rec in records if rec.get("note")]
+    notes += [f"- {rec['label']}: unpaired (Welch): {rec['diff_unpaired']}" for rec in records
+              if rec.get("diff_unpaired") and rec.get("diff_method") == "welch"]
     if notes:
         lines += ["", *notes]
+    if family and diff_col and family.comparisons:
+        lines += ["", *_resolution_lines(table, family), *_comparison_lines(table, family),
+                  *_interaction_lines(table, family), *_declared_lines(table, family)]
     if tuned:
         lines += ["", *_tuning_lines(table, tuned, failed_tuning or [])]
+    if provenance:
+        lines += ["", *provenance]
     return "\n".join(lines) + "\n"
 
 
@@ -223,5 +382,3 @@ def write_csv(path: Path, records: list[dict[str, Any]]) -> None:
         writer.writeheader()
         for rec in records:
             writer.writerow({k: ("" if rec.get(k) is None else rec.get(k)) for k in keys + rest})
-
-

@@ -1,35 +1,53 @@
-"""Tuned rows: a small grid per row, chosen on validation, so that no method is compared untuned.
+"""Tuned rows: a small grid per row, chosen on validation, so that no method is compared untuned,
+and a choice that is not a coin toss: what cannot be told apart on validation is said, and decided
+by a stated rule.
 
 A row (or the whole table) may give `tune: {optim.lr: [0.03, 0.1, 0.3]}`; several keys make
 their Cartesian product. Every setting runs on `table.tune_seeds` in
-`<label>/tune/<setting>/seed_<s>/`; the setting with the best MEAN of `table.select_metric` over
-those seeds wins, and the row's reported runs (`<label>/seed_<s>/`, on `table.seeds`) use it.
+`<label>/tune/<setting>/seed_<s>/`; the row's reported runs (`<label>/seed_<s>/`, on `table.seeds`)
+use the setting chosen:
 
-The selection metric is the FINAL validation accuracy (`val_acc`) by default: the number reported
-for a row is the final model's test accuracy, so the setting is chosen for the final model too
-(`best_val_acc` would choose for a model the table never reports). Test metrics are refused as
-selection metrics. Ties keep the earlier setting in grid order; a setting with a missing or failed
-run has no mean and cannot win (the table notes it).
+1. Each setting's MEAN of `table.select_metric` (the FINAL validation accuracy, `val_acc`, by
+   default: a row reports its final model, so the setting is chosen for the final model) over the
+   tuning seeds; the best mean in the metric's direction (engine/tables/measure.py). A setting
+   with a missing or failed run has no mean and cannot win (the table notes it). Test metrics are
+   refused as selection metrics.
+2. The CONTENDERS: the settings whose difference from the best is within noise, i.e. not
+   resolved by the interval of a paired difference (engine/tables/stats.py) over the tuning seeds,
+   with the floor of the validation set for an accuracy (N examples from the runs'
+   `data_split.val_samples`): on 144 validation images and one seed, settings fewer than 6 images
+   apart are contenders. Without a floor (a loss) and with one seed, only an exact tie is.
+3. A grid tuned on ONE seed whose contenders are more than one runs again, whole, on
+   `table.tune_tie_seeds` (default: one seed used nowhere else), and steps 1-2 are taken again on
+   the means over both seeds.
+4. Among the contenders that remain, the best mean of `table.tie_metric` (validation loss by
+   default: a finer measure of the same models than the count of images they get right) wins;
+   where that ties too or is missing, the best mean of the selection metric, then grid order.
+   table.md flags every row whose choice was made among several contenders ("within noise").
 
 A grid is only as good as its range: a method whose best learning rate lies below the grid is
-compared at the wrong one. With `table.tune_extend=N`, a one-key numeric grid whose best mean is
-strictly at an edge (better than every other point) gets one more point beyond that edge, the
-grid's own ratio further (0.03 after 0.1 and 0.3 gives 0.009), up to N times per side; each new
-point runs on the tuning seeds like the others, and the choice is made again (`extend_grid`).
-The reported runs of a row are checked against the setting finally chosen (`stale_setting`).
+compared at the wrong one. With `table.tune_extend=N`, a one-key numeric grid whose winner, or any
+setting tied with the best mean, is at an edge gets one more point beyond that edge, the grid's own
+ratio further (0.03 after 0.1 and 0.3 gives 0.009), up to N times per side; each new point runs on
+the row's tuning seeds like the others, and the choice is made again (`extend_grid`). A choice
+still at an edge is flagged. The reported runs of a row are checked against the setting finally
+chosen (`stale_setting`).
 """
 from __future__ import annotations
 
 import itertools
 import json
+import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
 from core.rundir import RunDir
+from engine.tables.measure import Better, is_proportion
+from engine.tables.stats import LEVEL, Difference, difference_se_floor
 
 Setting = tuple[tuple[str, Any], ...]  # ((key, value), ...) in the grid's key order
 
@@ -53,31 +71,153 @@ def tune_dir(out: Path, label: str, setting: Setting, seed: int) -> RunDir:
     return RunDir(out / label / "tune" / setting_name(setting) / f"seed_{seed}")
 
 
+@dataclass(frozen=True)
+class TunePolicy:
+    """How a grid's choice is made: the selection metric and its direction, the tie metric and its
+    direction, the validation set's size where runs do not record it, and the extra tuning seeds
+    a one-seed grid gets when its best settings are within noise."""
+    metric: str = "val_acc"
+    better: Better = Better.higher
+    tie_metric: Optional[str] = "val_loss"
+    tie_better: Better = Better.lower
+    val_examples: Optional[int] = None
+    tie_seeds: tuple[int, ...] = ()
+    level: float = LEVEL
+
+
 @dataclass
 class Tuned:
-    """A row's grid, each setting's mean selection metric over the tuning seeds (None: a run is
-    missing or failed), and the winner among the settings with a mean (None if none has one)."""
+    """A row's grid, each setting's mean selection metric over the seeds the choice was made on
+    (None: a run is missing or failed), and the winner among the settings with a mean (None if
+    none has one); the contenders (settings within noise of the best, the winner among them) and
+    the rule that decided between them."""
     metric: str
     results: list[tuple[Setting, Optional[float], int]]  # setting, mean, runs found
     winner: Optional[Setting]
+    seeds: list[int] = field(default_factory=list)
+    contenders: list[Setting] = field(default_factory=list)
+    rule: str = "best mean"  # best mean | <tie_metric> | grid order
+    tie_means: dict[Setting, Optional[float]] = field(default_factory=dict)
+    val_examples: Optional[int] = None  # the validation set's size the noise was judged on
+    at_edge: bool = False  # a one-key numeric grid whose winner, or a setting tied with the best, is at an edge
+
+    @property
+    def within_noise(self) -> bool:
+        """The winner was chosen among several settings validation could not tell apart."""
+        return len(self.contenders) > 1
+
+
+def _summary(run: RunDir) -> Optional[dict[str, Any]]:
+    return json.loads(run.summary.read_text()) if run.summary.exists() else None
 
 
 def _metric(run: RunDir, metric: str) -> Optional[float]:
-    if not run.summary.exists():
-        return None
-    value = json.loads(run.summary.read_text()).get(metric)
-    return float(value) if isinstance(value, (int, float)) else None
+    summary = _summary(run)
+    value = summary.get(metric) if summary else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def choose(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[int], metric: str) -> Tuned:
-    """The setting with the best mean `metric` over `seeds`, from the tuning runs' summaries."""
+def _val_examples(summary: Optional[dict[str, Any]]) -> Optional[int]:
+    split = (summary or {}).get("data_split") or {}
+    value = split.get("val_samples") if isinstance(split, dict) else None
+    return int(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def within_noise(a: dict[int, float], b: dict[int, float], n_examples: Optional[int], level: float = LEVEL) -> bool:
+    """Whether two settings' values by seed (the same seeds) are not told apart: the interval of
+    their paired difference, its floor from n validation examples (accuracies only: None
+    otherwise), includes 0. One seed without a floor: only an exact tie."""
+    diffs = [a[s] - b[s] for s in sorted(a)]
+    mean = statistics.fmean(diffs)
+    if mean == 0:
+        return True
+    k = len(diffs)
+    se_seed = statistics.stdev(diffs) / math.sqrt(k) if k > 1 else 0.0
+    h = Difference(mean, None, None, "paired", se_seed, max(k - 1, 1), difference_se_floor(mean, n_examples)).half_width(level)
+    return h is not None and abs(mean) <= h
+
+
+def _best(values: list[float], better: Better) -> float:
+    return max(values) if better == Better.higher else min(values)
+
+
+def _edge_flags(settings: list[Setting], candidates: list[Setting]) -> tuple[bool, bool]:
+    """(low, high): whether any of `candidates` is the smallest or largest value of a one-key
+    numeric grid (False, False for any other grid)."""
+    if not settings or len(settings[0]) != 1:
+        return False, False
+    values = [s[0][1] for s in settings]
+    if len(values) < 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return False, False
+    chosen = {c[0][1] for c in candidates}
+    return min(values) in chosen, max(values) in chosen
+
+
+def choose(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[int], metric: str,
+           policy: Optional[TunePolicy] = None) -> Tuned:
+    """The setting chosen from the tuning runs' summaries over `seeds` (see the module doc,
+    steps 1, 2 and 4; `row_seeds` gives step 3's seeds)."""
+    policy = replace(policy or TunePolicy(), metric=metric)
+    settings = grid_settings(grid)
+    by_setting: dict[Setting, dict[int, float]] = {}
+    ties: dict[Setting, dict[int, float]] = {}
+    sizes: list[int] = []
     results: list[tuple[Setting, Optional[float], int]] = []
-    for setting in grid_settings(grid):
-        values = [v for v in (_metric(tune_dir(out, label, setting, s), metric) for s in seeds) if v is not None]
-        results.append((setting, statistics.fmean(values) if len(values) == len(seeds) else None, len(values)))
-    scored = [(mean, -i) for i, (_, mean, _) in enumerate(results) if mean is not None]
-    winner = results[-max(scored)[1]][0] if scored else None
-    return Tuned(metric, results, winner)
+    for setting in settings:
+        runs = {s: tune_dir(out, label, setting, s) for s in seeds}
+        values = {s: v for s, v in ((s, _metric(r, metric)) for s, r in runs.items()) if v is not None}
+        if policy.tie_metric:
+            ties[setting] = {s: v for s, v in ((s, _metric(r, policy.tie_metric)) for s, r in runs.items())
+                             if v is not None}
+        sizes += [n for n in (_val_examples(_summary(r)) for r in runs.values()) if n]
+        complete = len(values) == len(seeds)
+        if complete:
+            by_setting[setting] = values
+        results.append((setting, statistics.fmean(values.values()) if complete else None, len(values)))
+    n_val = min(sizes) if sizes else policy.val_examples
+    n_floor = n_val if is_proportion(metric) else None
+    if not by_setting:
+        return Tuned(metric, results, None, list(seeds), val_examples=n_val)
+    means = {s: statistics.fmean(v.values()) for s, v in by_setting.items()}
+    best_mean = _best(list(means.values()), policy.better)
+    first_best = next(s for s in settings if means.get(s) == best_mean)
+    contenders = [s for s in settings if s in means
+                  and within_noise(by_setting[first_best], by_setting[s], n_floor, policy.level)]
+    tie_means = {s: statistics.fmean(ties[s].values()) if len(ties.get(s, {})) == len(seeds) else None
+                 for s in settings}
+    winner, rule = first_best, "best mean"
+    if len(contenders) > 1:
+        winner, rule = _break_tie(contenders, means, tie_means, policy)
+    tied_best = [s for s in settings if means.get(s) == best_mean]
+    low, high = _edge_flags(settings, [winner, *tied_best])
+    return Tuned(metric, results, winner, list(seeds), contenders if len(contenders) > 1 else [winner], rule,
+                 tie_means, n_val, low or high)
+
+
+def _break_tie(contenders: list[Setting], means: dict[Setting, float], tie_means: dict[Setting, Optional[float]],
+               policy: TunePolicy) -> tuple[Setting, str]:
+    """Step 4: the best mean tie metric among the contenders; where it ties or is missing, the best
+    mean selection metric; then grid order (the contenders are in grid order)."""
+    pool = contenders
+    if policy.tie_metric and all(tie_means.get(s) is not None for s in pool):
+        best_tie = _best([tie_means[s] for s in pool], policy.tie_better)  # type: ignore[misc]
+        pool = [s for s in pool if tie_means[s] == best_tie]
+        if len(pool) == 1:
+            return pool[0], policy.tie_metric
+    best_mean = _best([means[s] for s in pool], policy.better)
+    pool = [s for s in pool if means[s] == best_mean]
+    return pool[0], ("best mean" if len(pool) == 1 else "grid order")
+
+
+def row_seeds(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[int], metric: str,
+              policy: Optional[TunePolicy] = None) -> list[int]:
+    """The tuning seeds a row's choice is made on (step 3): `seeds`, plus `policy.tie_seeds` when
+    `seeds` is one seed and the settings that have results there are within noise of each other."""
+    policy = policy or TunePolicy()
+    if len(seeds) >= 2 or not policy.tie_seeds:
+        return list(seeds)
+    first = choose(out, label, grid, seeds, metric, policy)
+    return [*seeds, *policy.tie_seeds] if first.within_noise else list(seeds)
 
 
 def _next_point(edge: float, neighbour: float) -> float:
@@ -86,7 +226,7 @@ def _next_point(edge: float, neighbour: float) -> float:
 
 
 def extend_grid(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[int], metric: str,
-                limit: int) -> tuple[dict[str, list[Any]], int]:
+                limit: int, policy: Optional[TunePolicy] = None) -> tuple[dict[str, list[Any]], int]:
     """The row's grid with the points `tune_extend` adds (see the module doc), and how many it
     added. Stops at a point whose runs are not all there yet: the caller runs them and asks again."""
     if limit <= 0 or len(grid) != 1:
@@ -96,15 +236,19 @@ def extend_grid(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[i
         return grid, 0
     values, added = sorted(values), {"low": 0, "high": 0}
     while True:
-        means = [mean for _, mean, _ in choose(out, label, {key: values}, seeds, metric).results]
-        if any(m is None for m in means):
+        current = {key: values}
+        tuned = choose(out, label, current, row_seeds(out, label, current, seeds, metric, policy), metric, policy)
+        if any(mean is None for _, mean, _ in tuned.results) or tuned.winner is None:
             break
-        best = max(means)
-        if means[0] == best and means.count(best) == 1 and added["low"] < limit:
-            values, added["low"] = [_next_point(values[0], values[1]), *values], added["low"] + 1
-        elif means[-1] == best and means.count(best) == 1 and added["high"] < limit:
-            values, added["high"] = [*values, _next_point(values[-1], values[-2])], added["high"] + 1
-        else:
+        low, high = _edge_flags(grid_settings(current), [tuned.winner, *(
+            s for s, mean, _ in tuned.results if mean == _best([m for _, m, _ in tuned.results if m is not None],
+                                                                (policy or TunePolicy()).better))])
+        grown = False
+        if low and added["low"] < limit:
+            values, added["low"], grown = [_next_point(values[0], values[1]), *values], added["low"] + 1, True
+        if high and added["high"] < limit:
+            values, added["high"], grown = [*values, _next_point(values[-1], values[-2])], added["high"] + 1, True
+        if not grown:
             break
     return {key: values}, added["low"] + added["high"]
 
