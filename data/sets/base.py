@@ -19,7 +19,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import UserError
-from core.spec import DataSpec
+from core.spec import DataSpec, ImageSpec
 from data.config import DataConfig, Pipeline
 from data.forms.base import Samples
 from data.pipelines.device_ops import DeviceAugment
@@ -61,8 +61,10 @@ class DataSet(ABC):
 
     # ---- facts and config ------------------------------------------------------------------
     def spec(self, cfg: DataConfig) -> DataSpec:
-        return DataSpec(in_channels=self.in_channels, image_size=cfg.image_size or self.image_size,
-                        num_classes=cfg.num_classes or self.num_classes)
+        """What a model needs of this set's input; images by default (a set of another kind, a
+        signal or a text, overrides it)."""
+        return ImageSpec(in_channels=self.in_channels, image_size=cfg.image_size or self.image_size,
+                         num_classes=cfg.num_classes or self.num_classes)
 
     def config_node(self) -> DictConfig:
         """The `data=NAME` option: the schema with this data set's values (checked against it)."""
