@@ -76,7 +76,7 @@ class ImageSpec(DataSpec):
         return (batch, self.num_classes)
 
     def describe(self) -> str:
-        return f"{self.size()} images, {self.num_classes} classes"
+        return f"{self.size()} images ({self.num_classes} classes)"
 
     def size(self) -> str:
         return f"{self.in_channels}x{self.image_size}x{self.image_size}"
@@ -98,7 +98,7 @@ class SignalSpec(DataSpec):
         return (batch, self.num_classes)
 
     def describe(self) -> str:
-        return f"{self.size()} signals, {self.num_classes} classes"
+        return f"{self.size()} signals ({self.num_classes} classes)"
 
     def size(self) -> str:
         return f"{self.in_channels}x{self.length}"
@@ -121,7 +121,7 @@ class TextSpec(DataSpec):
         return (batch, self.context_length, self.vocab_size)
 
     def describe(self) -> str:
-        return f"{self.size()} text windows over a {self.vocab_size}-symbol vocabulary"
+        return f"{self.size()} text windows ({self.vocab_size}-symbol vocabulary)"
 
     def size(self) -> str:
         return f"{self.context_length}-token"

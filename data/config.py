@@ -21,7 +21,7 @@ class Pipeline(enum.StrEnum):
     torchvision = "torchvision"  # DataLoader + torchvision transforms (tensors in memory for digits)
     ffcv = "ffcv"  # .beton files, JIT-compiled decoding on threads
     dali = "dali"  # NVIDIA DALI graphs, CPU or GPU decoding
-    device = "device"  # in-memory sets (digits, CIFAR) held on the training device, augmented there in batches
+    device = "device"  # in-memory sets (digits, MNIST-1D, CIFAR) held on the training device, augmented there in batches
 
 
 class Partition(enum.StrEnum):
@@ -54,7 +54,7 @@ class DALIConfig(Section):
 
 @dataclass
 class DataConfig(Section):
-    name: str = "digits"  # a registered data set (data/sets/): digits | cifar10 | cifar100 | imagenet
+    name: str = "digits"  # a registered data set (data/sets/): digits | mnist1d | cifar10 | cifar100 | imagenet | ...
     pipeline: Pipeline = Pipeline.torchvision
     root: Optional[str] = None  # where the data set lies on disk (not used by digits)
     num_classes: Optional[int] = option(None, ge=1)  # None: the data set's own
@@ -63,7 +63,10 @@ class DataConfig(Section):
     augment: bool = True  # the data set's standard training augmentation
     num_workers: int = option(0, ge=0)  # loader processes per rank (torchvision); threads for FFCV/DALI (0: 1)
     eval_batch_size: Optional[int] = option(None, ge=1)  # None: the training batch size
-    test_fraction: float = option(0.2, gt=0, lt=1)  # digits: held-out share, split with split_seed
+    test_fraction: float = option(0.2, gt=0, lt=1)  # digits, mnist1d: held-out share (digits: split with split_seed)
+    # generated sets (mnist1d; docs/tasks.md): samples in all (train + test) and the generator's seed
+    num_samples: Optional[int] = option(None, ge=10)
+    generator_seed: Optional[int] = None
     split_seed: int = 0  # also seeds the validation carve-out (one validation set for every run seed)
     # validation: carved from the training set, stratified by class, disjoint from every rank's
     # shard (docs/evaluation.md). Set one of the three; 0 in any turns selection off.

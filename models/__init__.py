@@ -59,20 +59,27 @@ def models_for(spec: DataSpec) -> list[str]:
 
 
 def check_model_config(cfg: dict[str, Any], spec: DataSpec) -> None:
-    """Unknown model names, a model that cannot take the data's kind of input, and options that are
-    not the builder's keyword arguments (or have the wrong simple type) are one line; values are
-    checked by building (see `build_model`)."""
-    name = cfg.get("name")
-    builder = MODELS.get(name)
+    """Unknown model names and options that are not the builder's keyword arguments (or have the
+    wrong simple type) are one line; whether the model takes the data's input is checked when it
+    is built (`check_takes`, by `check_buildable` before launch), values by building."""
+    builder = MODELS.get(cfg.get("name"))
     check_kwargs("model", builder, model_options(cfg), skip=SPEC_ARGS)
+
+
+def check_takes(name: str, spec: DataSpec) -> None:
+    """One line when model `name` asks for a field of its input that the data's spec lacks (an
+    image model on signals, a language model on images), naming the models that fit."""
+    builder = MODELS.get(name)
     if not takes(name, spec):
+        missing = [p for p in spec_params(builder) if p not in spec.fields()]
         fits = ", ".join(models_for(spec)) or "none registered"
-        raise UserError(f"model={name} takes {', '.join(spec_params(builder))} of its input, which the data's "
-                        f"{spec.describe()} do not have; pick a model for {spec.kind} ({fits})")
+        raise UserError(f"model={name} needs the {', '.join(missing)} of its input, which the data's "
+                        f"{spec.describe()} do not have; pick a model for {spec.kind}: {fits}")
 
 
 def build_model(cfg: dict[str, Any], spec: DataSpec) -> nn.Module:
     check_model_config(cfg, spec)
+    check_takes(cfg["name"], spec)
     builder = MODELS.get(cfg["name"])
     given = spec.fields()
     return builder(**{p: given[p] for p in spec_params(builder)}, **model_options(cfg))
@@ -83,6 +90,7 @@ def check_buildable(cfg: dict[str, Any], spec: DataSpec) -> None:
     data's shape, so that a model that cannot be built, or cannot take this input size, is one
     line before launch instead of a traceback on every rank."""
     check_model_config(cfg, spec)
+    check_takes(cfg.get("name"), spec)
     try:
         with torch.device("meta"):
             model = build_model(cfg, spec)

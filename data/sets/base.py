@@ -24,6 +24,9 @@ from data.config import DataConfig, Pipeline
 from data.forms.base import Samples
 from data.pipelines.device_ops import DeviceAugment
 
+#: `data.*` options that only some sets read (`DataSet.reads`)
+SET_OPTIONS = ("num_samples", "generator_seed")
+
 Transform = Callable[[Any], Any]
 Finish = Callable[[Any], Any]  # FFCV: the loader's image tensor -> the model's input
 
@@ -58,6 +61,9 @@ class DataSet(ABC):
     config: dict[str, Any] = {}  # (read only)
     pipelines: ClassVar[tuple[Pipeline, ...]] = tuple(Pipeline)
     needs_root: ClassVar[bool] = True  # False: it ships with a package (no `data.root`)
+    #: the `data.*` options only some sets read (`SET_OPTIONS`) that this one reads; another set
+    #: given one of them refuses it in one line rather than ignoring it
+    reads: ClassVar[tuple[str, ...]] = ()
 
     # ---- facts and config ------------------------------------------------------------------
     def spec(self, cfg: DataConfig) -> DataSpec:
@@ -79,6 +85,10 @@ class DataSet(ABC):
             usable = ", ".join(p for p in self.pipelines if p != Pipeline.device)
             raise UserError(f"data.pipeline=device holds a data set in memory on the training device; "
                             f"data.name={self.name} is not held in memory that way: use one of {usable}")
+        for key in SET_OPTIONS:
+            if getattr(cfg, key) is not None and key not in self.reads:
+                raise UserError(f"data.{key}={getattr(cfg, key)} is not an option of data.name={self.name}; "
+                                "remove it")
         if self.needs_root and not cfg.root:
             raise UserError(f"data.root is not set for data.name={self.name}; set paths.data_root "
                             "in conf/local/default.yaml or pass data.root=PATH")
@@ -98,6 +108,16 @@ class DataSet(ABC):
         """Split "train" or "val" in this data set's form, in its reading order. "val" is the data
         set's own held-out split, which the runner reports as the *test* set; the validation
         split that selects is carved out of "train" by index (`data.split`)."""
+
+    def identity(self, cfg: DataConfig) -> dict[str, Any]:
+        """Settings beyond the split's (`data.split.split_identity`) that change which samples a
+        run reads (a generated set's size and seed): a resumed run must share them."""
+        return {}
+
+    def record(self, cfg: DataConfig) -> dict[str, Any]:
+        """What summary.json's `data_split` records of this set beyond the split (a generated
+        set's size, seed and generation time; a corpus's checksum)."""
+        return {}
 
     def prepared_identity(self, cfg: DataConfig) -> dict[str, Any]:
         """Settings that change the samples (beyond the name): FFCV's and DALI's prepared files
