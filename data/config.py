@@ -30,6 +30,14 @@ class Partition(enum.StrEnum):
     iid = "iid"  # every epoch a fresh seeded permutation, strided over the ranks (as DistributedSampler)
     dirichlet = "dirichlet"  # each class split over the ranks in Dirichlet(alpha) proportions, fixed for the run
     classes = "classes"  # each rank holds `classes_per_worker` classes, fixed for the run
+    source = "source"  # text: each rank holds whole sources (plays or speaking roles), fixed for the run
+
+
+class SourceUnit(enum.StrEnum):
+    """What a text's source is, for `data.partition=source` (docs/tasks.md)."""
+
+    play = "play"  # each rank reads whole plays
+    role = "role"  # each rank reads whole speaking roles (a play's character), as LEAF's Shakespeare
 
 
 @dataclass
@@ -67,6 +75,12 @@ class DataConfig(Section):
     # generated sets (mnist1d; docs/tasks.md): samples in all (train + test) and the generator's seed
     num_samples: Optional[int] = option(None, ge=10)
     generator_seed: Optional[int] = None
+    # text sets (shakespeare_char; docs/tasks.md): the window a model reads, the contiguous blocks the
+    # corpus is cut into for the train / validation / test split (test_fraction, val_fraction: shares
+    # of the blocks), what a source is for data.partition=source
+    context_length: Optional[int] = option(None, ge=1)
+    split_blocks: Optional[int] = option(None, ge=3)
+    source_unit: Optional[SourceUnit] = None
     split_seed: int = 0  # also seeds the validation carve-out (one validation set for every run seed)
     # validation: carved from the training set, stratified by class, disjoint from every rank's
     # shard (docs/evaluation.md). Set one of the three; 0 in any turns selection off.

@@ -20,12 +20,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.errors import UserError
 from core.spec import DataSpec, ImageSpec
-from data.config import DataConfig, Pipeline
+from data.config import DataConfig, Partition, Pipeline
 from data.forms.base import Samples
 from data.pipelines.device_ops import DeviceAugment
 
 #: `data.*` options that only some sets read (`DataSet.reads`)
-SET_OPTIONS = ("num_samples", "generator_seed")
+SET_OPTIONS = ("num_samples", "generator_seed", "context_length", "split_blocks", "source_unit")
 
 Transform = Callable[[Any], Any]
 Finish = Callable[[Any], Any]  # FFCV: the loader's image tensor -> the model's input
@@ -53,7 +53,7 @@ class DataSet(ABC):
     in_channels: int
     image_size: int  # default training resolution (`data.image_size` overrides it)
     num_classes: int  # `data.num_classes` overrides it (a subset of the classes)
-    form: ClassVar[type[Samples]]
+    form: ClassVar[type[Any]]  # a `data.forms` Samples class, or `data.text.corpus.TextCorpus`
     #: per-channel mean and std of pixels in [0, 1]; None: the samples are stored normalised
     mean: Optional[tuple[float, ...]] = None
     std: Optional[tuple[float, ...]] = None
@@ -81,10 +81,13 @@ class DataSet(ABC):
         if cfg.pipeline not in self.pipelines:
             raise UserError(f"data.pipeline={cfg.pipeline} cannot read data.name={self.name}; "
                             f"use one of {', '.join(self.pipelines)}")
-        if cfg.pipeline == Pipeline.device and not (self.form.in_memory and self.has_device_augment()):
+        if cfg.pipeline == Pipeline.device and not self.held_on_device():
             usable = ", ".join(p for p in self.pipelines if p != Pipeline.device)
             raise UserError(f"data.pipeline=device holds a data set in memory on the training device; "
                             f"data.name={self.name} is not held in memory that way: use one of {usable}")
+        if cfg.partition == Partition.source and not getattr(self.form, "windows", False):
+            raise UserError(f"data.partition=source deals a text's sources (plays, speaking roles) to the ranks; "
+                            f"data.name={self.name} has labels: use data.partition=iid, dirichlet or classes")
         for key in SET_OPTIONS:
             if getattr(cfg, key) is not None and key not in self.reads:
                 raise UserError(f"data.{key}={getattr(cfg, key)} is not an option of data.name={self.name}; "
@@ -151,6 +154,10 @@ class DataSet(ABC):
         """What the device pipeline does to a batch of the split (crop, flip, normalisation),
         for forms held in memory (`Samples.in_memory`)."""
         raise NotImplementedError(f"{self.name} declares no device-pipeline batch recipe")
+
+    def held_on_device(self) -> bool:
+        """Whether the device pipeline can hold this set: in memory, with a batch recipe."""
+        return bool(self.form.in_memory and self.has_device_augment())
 
     def has_device_augment(self) -> bool:
         return type(self).device_augment is not DataSet.device_augment
