@@ -81,6 +81,7 @@ class DataConfig(Section):
     context_length: Optional[int] = option(None, ge=1)
     split_blocks: Optional[int] = option(None, ge=3)
     source_unit: Optional[SourceUnit] = None
+    eval_windows: Optional[int] = option(None, ge=1)  # at most this many of each held-out part's windows (evenly spaced)
     split_seed: int = 0  # also seeds the validation carve-out (one validation set for every run seed)
     # validation: carved from the training set, stratified by class, disjoint from every rank's
     # shard (docs/evaluation.md). Set one of the three; 0 in any turns selection off.

@@ -112,6 +112,14 @@ def test_evaluation_windows_tile_the_held_out_blocks() -> None:
     assert streams().split["test_samples"] == want
 
 
+def test_evaluation_may_read_a_fixed_evenly_spaced_subset() -> None:
+    whole, capped = streams(shard=0, shards=1), streams("data.eval_windows=100", shard=0, shards=1)
+    assert capped.split["val_samples"] == capped.val.num_samples == 100 and capped.split["eval_windows"] == 100
+    every, chosen = whole.val.starts.numpy(), capped.val.starts.numpy()
+    assert set(chosen) <= set(every) and chosen[0] == every[0] and chosen[-1] == every[-1]
+    assert np.array_equal(chosen, streams("data.eval_windows=100", shard=0, shards=1).val.starts.numpy())
+
+
 def test_rank_streams_differ_and_resume_at_the_exact_batch() -> None:
     rank0, rank1 = streams(shard=0).train, streams(shard=1).train
     whole = [x for x, _ in rank0.batches(2)]

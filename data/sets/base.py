@@ -25,7 +25,7 @@ from data.forms.base import Samples
 from data.pipelines.device_ops import DeviceAugment
 
 #: `data.*` options that only some sets read (`DataSet.reads`)
-SET_OPTIONS = ("num_samples", "generator_seed", "context_length", "split_blocks", "source_unit")
+SET_OPTIONS = ("num_samples", "generator_seed", "context_length", "split_blocks", "source_unit", "eval_windows")
 
 Transform = Callable[[Any], Any]
 Finish = Callable[[Any], Any]  # FFCV: the loader's image tensor -> the model's input

@@ -52,7 +52,7 @@ class ShakespeareChar(DataSet):
     form = TextCorpus
     needs_root = False
     pipelines = (Pipeline.device,)
-    reads = ("context_length", "split_blocks", "source_unit")
+    reads = ("context_length", "split_blocks", "source_unit", "eval_windows")
     config = {"pipeline": "device", "context_length": CONTEXT, "split_blocks": BLOCKS, "source_unit": "play",
               "test_fraction": 0.05, "val_fraction": 0.05, "eval_batch_size": 64}
 
@@ -89,7 +89,7 @@ class ShakespeareChar(DataSet):
     def identity(self, cfg: DataConfig) -> dict[str, Any]:
         return {"context_length": self.context(cfg), "split_blocks": cfg.split_blocks or BLOCKS,
                 "test_fraction": cfg.test_fraction, "source_unit": str(cfg.source_unit or SourceUnit.play),
-                "corpus_sha256": CORPUS_SHA256}
+                "eval_windows": cfg.eval_windows, "corpus_sha256": CORPUS_SHA256}
 
     def record(self, cfg: DataConfig) -> dict[str, Any]:
         corpus, source_bytes, source_sha256 = load_corpus()

@@ -155,7 +155,8 @@ def text_split(corpus: TextCorpus, cfg: DataConfig, context: int, num_blocks: in
     blocks = contiguous_blocks(len(corpus), num_blocks, cfg.val_fraction, cfg.test_fraction, cfg.split_seed)
     train = blocks.intervals(TRAIN)
     num_windows = int(sum((hi - lo - 1) // context for lo, hi in train))
-    record: dict[str, Any] = {"partition": str(cfg.partition), "context_length": context, "split_blocks": num_blocks}
+    record: dict[str, Any] = {"partition": str(cfg.partition), "context_length": context, "split_blocks": num_blocks,
+                              "eval_windows": cfg.eval_windows}
     if cfg.partition == Partition.source:
         rng = np.random.default_rng([seed, _PARTITION_STREAM])
         sizes = source_sizes(corpus, unit, train)
@@ -182,7 +183,8 @@ def text_split(corpus: TextCorpus, cfg: DataConfig, context: int, num_blocks: in
     if empty:
         raise UserError(f"training rank {empty[0]} has no window of data.context_length={context} in its text; use a "
                         "shorter context or fewer ranks")
-    val, test = tiling_starts(blocks.intervals(VAL), context), tiling_starts(blocks.intervals(TEST), context)
+    val = tiling_starts(blocks.intervals(VAL), context, cfg.eval_windows)
+    test = tiling_starts(blocks.intervals(TEST), context, cfg.eval_windows)
     chars = {name: int(sum(hi - lo for lo, hi in blocks.intervals(part)))
              for name, part in (("train_chars", TRAIN), ("val_chars", VAL), ("test_chars", TEST))}
     record.update(train_samples=num_windows, val_samples=len(val), test_samples=len(test), **chars,

@@ -95,10 +95,15 @@ class WindowTrainStream:
                                self.plan.context)
 
 
-def tiling_starts(intervals: Sequence[tuple[int, int]], context: int) -> np.ndarray:
-    """Starts of the non-overlapping windows that tile each interval (a window needs T + 1 tokens)."""
+def tiling_starts(intervals: Sequence[tuple[int, int]], context: int, limit: int | None = None) -> np.ndarray:
+    """Starts of the non-overlapping windows that tile each interval (a window needs T + 1 tokens);
+    with `limit`, at most that many of them, evenly spaced over the whole list (a fixed subset: the
+    same windows at every evaluation and in every run)."""
     starts = [np.arange(lo, hi - context, context, dtype=np.int64) for lo, hi in intervals]
-    return np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)
+    every = np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)
+    if limit is None or len(every) <= limit:
+        return every
+    return every[np.unique(np.round(np.linspace(0, len(every) - 1, limit)).astype(np.int64))]
 
 
 class WindowEvalStream:
