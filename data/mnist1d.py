@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from scipy.ndimage import gaussian_filter1d
 
 # The ten 12-point templates of the paper (digits 0-9), as published with its procedure.
 TEMPLATES = np.asarray([
@@ -124,6 +123,8 @@ def draw(proc: Procedure, n: int) -> Draws:
 def transform(x: np.ndarray, d: Draws, proc: Procedure) -> np.ndarray:
     """The procedure's transformation of templates `x` (n x template_len, eps added) by the draws
     `d` (the same n), on the whole batch; returns n x final_seq_length."""
+    from scipy.ndimage import gaussian_filter1d  # here: SciPy costs every process that lists the data sets ~0.4 s
+
     n, width = len(x), proc.stretched
     stretched = np.empty((n, width))
     for extra in np.unique(d.pad):  # one stretch per padded length (at most 25 of them)

