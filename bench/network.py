@@ -47,7 +47,7 @@ from bench.param_server import bench_rank as param_server_rank  # noqa: E402
 from core.distenv import init_distributed  # noqa: E402
 from core.errors import UserError  # noqa: E402
 from core.schema import typed_section  # noqa: E402
-from core.spec import DataSpec  # noqa: E402
+from core.spec import ImageSpec  # noqa: E402
 from dist_algos import get_algorithm  # noqa: E402
 from dist_algos.base import HyperParams, StepContext, TrainInfo  # noqa: E402
 from models import build_model  # noqa: E402
@@ -97,7 +97,7 @@ def step_times(rank: int, world: int, model_name: str, batch: int, block: int, r
 
     def make(overlap: bool | None) -> Any:
         torch.manual_seed(0)
-        model = build_model(dict(cfg), DataSpec(channels, size, classes))
+        model = build_model(dict(cfg), ImageSpec(channels, size, classes))
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         if overlap is None:
             ddp = DistributedDataParallel(model)

@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from core.distenv import init_distributed  # noqa: E402
 from core.schema import typed_section  # noqa: E402
-from core.spec import DataSpec  # noqa: E402
+from core.spec import ImageSpec  # noqa: E402
 from dist_algos import get_algorithm  # noqa: E402
 from dist_algos.base import HyperParams, StepContext, TrainInfo  # noqa: E402
 from models import build_model  # noqa: E402
@@ -53,7 +53,7 @@ def bench_rank(rank: int, world: int, algos: list[str], model_name: str, steps: 
         cfg = typed_section(cls.Config, {"name": algo, **overrides}, "algo")
         plugin = cls(cfg, ctx)
         torch.manual_seed(0)
-        model = build_model(dict(model_cfg), DataSpec(channels, size, classes))
+        model = build_model(dict(model_cfg), ImageSpec(channels, size, classes))
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
         info = TrainInfo(total_steps=steps, steps_per_epoch=steps, lr_at=lambda s: 0.1, warmup_steps=0,
                          train_batches=lambda n: iter(()), forward=lambda m, x: m(x),

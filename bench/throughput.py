@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 
 from core.distenv import init_distributed  # noqa: E402  (the repository is on the path from here on)
 from core.rundir import RunDir  # noqa: E402
-from core.spec import DataSpec  # noqa: E402
+from core.spec import ImageSpec  # noqa: E402
 from data import DATASETS, DataRequest, build_data  # noqa: E402
 from engine.config import load_run_config, register_schemas  # noqa: E402
 from engine.plan import build_plan  # noqa: E402
@@ -176,7 +176,7 @@ def ceiling(args: argparse.Namespace) -> dict[str, float]:
     fmt = torch.channels_last if gpu else torch.contiguous_format
     spec = DATASETS.get(args.dataset)
     size, classes = args.image_size or spec.image_size, spec.num_classes
-    model = build_model({"name": args.model}, DataSpec(3, size, classes)).to(device, memory_format=fmt)
+    model = build_model({"name": args.model}, ImageSpec(3, size, classes)).to(device, memory_format=fmt)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     x = torch.randn(args.batch, 3, size, size, device=device).contiguous(memory_format=fmt)
     y = torch.randint(0, classes, (args.batch,), device=device)

@@ -28,7 +28,8 @@ from data.prefetch import prefetched
 from data.prepared import check_prepared, needs_preparation
 from data.sets import DATASETS, register_dataset
 from data.sets.base import DataSet
-from data.split import split_identity, train_split, validation_rule
+from data.split import split_identity as _split_identity
+from data.split import train_split, validation_rule
 from data.stream import DataRequest, EvalStream, TrainStream
 
 __all__ = ["DATASETS", "DataConfig", "DataRequest", "DataSet", "DataStreams", "PathsConfig", "Pipeline",
@@ -53,6 +54,13 @@ def load_data_config(node: Any) -> DataConfig:
         raise UserError(f"data.pipeline={cfg.pipeline} needs the {PIPELINES[cfg.pipeline][1]} package, which is not "
                         "installed here; run scripts/setup_env.sh (or pick data.pipeline=torchvision)")
     return cfg
+
+
+def split_identity(cfg: DataConfig) -> dict[str, Any]:
+    """The settings that decide which samples train and validate (`data.split.split_identity`),
+    plus the data set's own (a generated set's size and seed): a resumed run must share them."""
+    own = DATASETS.get(cfg.name).identity(cfg)
+    return {**_split_identity(cfg), **({"set": own} if own else {})}
 
 
 def validation_enabled(cfg: DataConfig) -> bool:
@@ -126,7 +134,7 @@ def build_streams(cfg: DataConfig, request: DataRequest, with_val: bool = True) 
             f"train.batch_size={request.batch_size} x {request.num_shards} training ranks is more "
             f"than the {split.plan.per_shard * request.num_shards} training samples of {cfg.name}; use fewer "
             "ranks or a smaller batch")
-    return DataStreams(train, test, val, split.record)
+    return DataStreams(train, test, val, {**split.record, **DATASETS.get(cfg.name).record(cfg)})
 
 
 def _split(labels: Any, cfg: DataConfig, request: DataRequest) -> Any:

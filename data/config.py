@@ -21,7 +21,7 @@ class Pipeline(enum.StrEnum):
     torchvision = "torchvision"  # DataLoader + torchvision transforms (tensors in memory for digits)
     ffcv = "ffcv"  # .beton files, JIT-compiled decoding on threads
     dali = "dali"  # NVIDIA DALI graphs, CPU or GPU decoding
-    device = "device"  # in-memory sets (digits, CIFAR) held on the training device, augmented there in batches
+    device = "device"  # in-memory sets (digits, MNIST-1D, CIFAR) held on the training device, augmented there in batches
 
 
 class Partition(enum.StrEnum):
@@ -30,6 +30,14 @@ class Partition(enum.StrEnum):
     iid = "iid"  # every epoch a fresh seeded permutation, strided over the ranks (as DistributedSampler)
     dirichlet = "dirichlet"  # each class split over the ranks in Dirichlet(alpha) proportions, fixed for the run
     classes = "classes"  # each rank holds `classes_per_worker` classes, fixed for the run
+    source = "source"  # text: each rank holds whole sources (plays or speaking roles), fixed for the run
+
+
+class SourceUnit(enum.StrEnum):
+    """What a text's source is, for `data.partition=source` (docs/tasks.md)."""
+
+    play = "play"  # each rank reads whole plays
+    role = "role"  # each rank reads whole speaking roles (a play's character), as LEAF's Shakespeare
 
 
 @dataclass
@@ -54,7 +62,7 @@ class DALIConfig(Section):
 
 @dataclass
 class DataConfig(Section):
-    name: str = "digits"  # a registered data set (data/sets/): digits | cifar10 | cifar100 | imagenet
+    name: str = "digits"  # a registered data set (data/sets/): digits | mnist1d | cifar10 | cifar100 | imagenet | ...
     pipeline: Pipeline = Pipeline.torchvision
     root: Optional[str] = None  # where the data set lies on disk (not used by digits)
     num_classes: Optional[int] = option(None, ge=1)  # None: the data set's own
@@ -63,7 +71,17 @@ class DataConfig(Section):
     augment: bool = True  # the data set's standard training augmentation
     num_workers: int = option(0, ge=0)  # loader processes per rank (torchvision); threads for FFCV/DALI (0: 1)
     eval_batch_size: Optional[int] = option(None, ge=1)  # None: the training batch size
-    test_fraction: float = option(0.2, gt=0, lt=1)  # digits: held-out share, split with split_seed
+    test_fraction: float = option(0.2, gt=0, lt=1)  # digits, mnist1d: held-out share (digits: split with split_seed)
+    # generated sets (mnist1d; docs/tasks.md): samples in all (train + test) and the generator's seed
+    num_samples: Optional[int] = option(None, ge=10)
+    generator_seed: Optional[int] = None
+    # text sets (shakespeare_char; docs/tasks.md): the window a model reads, the contiguous blocks the
+    # corpus is cut into for the train / validation / test split (test_fraction, val_fraction: shares
+    # of the blocks), what a source is for data.partition=source
+    context_length: Optional[int] = option(None, ge=1)
+    split_blocks: Optional[int] = option(None, ge=3)
+    source_unit: Optional[SourceUnit] = None
+    eval_windows: Optional[int] = option(None, ge=1)  # at most this many of each held-out part's windows (evenly spaced)
     split_seed: int = 0  # also seeds the validation carve-out (one validation set for every run seed)
     # validation: carved from the training set, stratified by class, disjoint from every rank's
     # shard (docs/evaluation.md). Set one of the three; 0 in any turns selection off.

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from core.distenv import plan_devices, sharing_note, visible_gpus
 from core.errors import UserError
 from core.rundir import RunDir
-from core.spec import DataSpec
+from core.spec import CLASSIFICATION, DataSpec
 from data import check_data_on_disk, data_spec, num_train_samples, split_identity, validation_enabled
 from dist_algos import get_algorithm
 from dist_algos.base import DistAlgorithm, HyperParams, RankLayout
@@ -113,6 +113,9 @@ def preflight(raw: DictConfig, run_dir: RunDir) -> RunPlan:
     check_supervision(config.launch, config.faults)
     plan = build_plan(config, run_dir, world, per_node)
     check_buildable(config.model, plan.spec)
+    if plan.spec.task != CLASSIFICATION:  # until the trainer asks core.task for its loss (issue 33)
+        raise UserError(f"data={config.data.name} is a {plan.spec.task} task, which the trainer cannot train yet "
+                        "(it computes a classification loss); pick a classification data set")
     warn_endless_warmup(plan)
     warn_no_validation(config)
     check_data_on_disk(config.data)

@@ -1,11 +1,18 @@
 """Models behind one registry: `model.name` picks a builder, the other `model.*` keys are its
 keyword arguments. The builder's signature is the one source of the model's options and their
 defaults: `register_configs` hands it to Hydra as the `model=NAME` option, and the options are
-checked against it (names and simple types) before launch. Input channels, resolution and
-number of classes come from the data set (`core.spec.DataSpec`), never from the model config.
+checked against it (names and simple types) before launch.
+
+What a model knows of its input comes from the data set (`core.spec.DataSpec`), never from the
+model config: a builder names the spec fields it needs among its parameters (`in_channels,
+image_size, num_classes` for an image model; `in_channels, length, num_classes` for a 1-D signal
+model; `vocab_size, context_length` for a language model) and gets them from the data's spec.
+Those names also say which inputs a model can take: a model asking for a field the data's spec
+does not have (`model=gpt` on `data=mnist1d`) is refused in one line before launch.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 import torch
@@ -15,15 +22,16 @@ from hydra.core.config_store import ConfigStore
 from core.errors import UserError
 from core.registry import Registry
 from core.schema import check_kwargs, signature_defaults
-from core.spec import DataSpec
+from core.spec import SPEC_FIELDS, DataSpec
 
 Builder = Callable[..., nn.Module]
 MODELS: Registry[Builder] = Registry("model", "model.name", packages=["models"])
-SPEC_ARGS = ("in_channels", "image_size", "num_classes")
+SPEC_ARGS = SPEC_FIELDS  # builder parameters filled from the data's spec
 
 
 def register_model(name: str) -> Callable[[Builder], Builder]:
-    """Register `fn(in_channels, image_size, num_classes, **options) -> nn.Module` as `name`."""
+    """Register `fn(<spec fields it needs>, **options) -> nn.Module` as `name`, e.g.
+    `fn(in_channels, image_size, num_classes, width=32)` for images."""
     return MODELS.register(name)
 
 
@@ -35,17 +43,46 @@ def model_options(cfg: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in cfg.items() if k != "name"}
 
 
+def spec_params(builder: Builder) -> tuple[str, ...]:
+    """The spec fields a builder asks for (its parameters named in `core.spec.SPEC_FIELDS`)."""
+    return tuple(p for p in inspect.signature(builder).parameters if p in SPEC_FIELDS)
+
+
+def takes(name: str, spec: DataSpec) -> bool:
+    """Whether model `name` can be built for inputs like `spec` (it asks only for fields the spec has)."""
+    return set(spec_params(MODELS.get(name))) <= set(spec.fields())
+
+
+def models_for(spec: DataSpec) -> list[str]:
+    """The registered models that take this kind of input."""
+    return [name for name in list_models() if takes(name, spec)]
+
+
 def check_model_config(cfg: dict[str, Any], spec: DataSpec) -> None:
     """Unknown model names and options that are not the builder's keyword arguments (or have the
-    wrong simple type) are one line; values are checked by building (see `build_model`)."""
+    wrong simple type) are one line; whether the model takes the data's input is checked when it
+    is built (`check_takes`, by `check_buildable` before launch), values by building."""
     builder = MODELS.get(cfg.get("name"))
     check_kwargs("model", builder, model_options(cfg), skip=SPEC_ARGS)
 
 
+def check_takes(name: str, spec: DataSpec) -> None:
+    """One line when model `name` asks for a field of its input that the data's spec lacks (an
+    image model on signals, a language model on images), naming the models that fit."""
+    builder = MODELS.get(name)
+    if not takes(name, spec):
+        missing = [p for p in spec_params(builder) if p not in spec.fields()]
+        fits = ", ".join(models_for(spec)) or "none registered"
+        raise UserError(f"model={name} needs the {', '.join(missing)} of its input, which the data's "
+                        f"{spec.describe()} do not have; pick a model for {spec.kind}: {fits}")
+
+
 def build_model(cfg: dict[str, Any], spec: DataSpec) -> nn.Module:
     check_model_config(cfg, spec)
+    check_takes(cfg["name"], spec)
     builder = MODELS.get(cfg["name"])
-    return builder(spec.in_channels, spec.image_size, spec.num_classes, **model_options(cfg))
+    given = spec.fields()
+    return builder(**{p: given[p] for p in spec_params(builder)}, **model_options(cfg))
 
 
 def check_buildable(cfg: dict[str, Any], spec: DataSpec) -> None:
@@ -53,20 +90,21 @@ def check_buildable(cfg: dict[str, Any], spec: DataSpec) -> None:
     data's shape, so that a model that cannot be built, or cannot take this input size, is one
     line before launch instead of a traceback on every rank."""
     check_model_config(cfg, spec)
-    shape = f"{spec.in_channels}x{spec.image_size}x{spec.image_size}"
+    check_takes(cfg.get("name"), spec)
     try:
         with torch.device("meta"):
             model = build_model(cfg, spec)
-            out = model(torch.empty(2, spec.in_channels, spec.image_size, spec.image_size))
+            out = model(spec.example_input(2))
     except UserError:
         raise
     except Exception as err:  # the builder's or torch's own complaint, shortened to its first line
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UserError(f"model={cfg.get('name')} with {model_options(cfg) or 'its defaults'} cannot be built "
-                        f"for {shape} input ({reason}); change the model.* options or the data's image size") from None
-    if tuple(out.shape) != (2, spec.num_classes):
-        raise UserError(f"model={cfg.get('name')} gives outputs of shape {tuple(out.shape)[1:]} for {shape} input, "
-                        f"not {spec.num_classes} class scores; change the model.* options")
+                        f"for {spec.size()} input ({reason}); change the model.* options or the data's "
+                        "input size") from None
+    if tuple(out.shape) != spec.output_shape(2):
+        raise UserError(f"model={cfg.get('name')} gives outputs of shape {tuple(out.shape)[1:]} for {spec.size()} "
+                        f"input, not {spec.output_shape(2)[1:]}; change the model.* options")
 
 
 def register_configs() -> None:

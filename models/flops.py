@@ -16,12 +16,13 @@ from models import build_model
 
 
 def train_flops_per_sample(cfg: dict[str, Any], spec: DataSpec, batch: int = 2) -> Optional[float]:
-    """Forward + backward FLOPs of one sample at the data's resolution; None when the model
-    cannot be run on the meta device (then a run reports no MFU rather than failing)."""
+    """Forward + backward FLOPs of one sample (an image at the data's resolution, a signal, a
+    text window); None when the model cannot be run on the meta device (then a run reports no
+    MFU rather than failing)."""
     try:
         with torch.device("meta"):
             model = build_model(cfg, spec)
-            x = torch.empty(batch, spec.in_channels, spec.image_size, spec.image_size)
+            x = spec.example_input(batch)
         with FlopCounterMode(display=False) as counter:
             model(x).float().sum().backward()
     except Exception:  # a model the meta device cannot run: no MFU, the run goes on

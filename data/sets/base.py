@@ -19,10 +19,13 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import UserError
-from core.spec import DataSpec
-from data.config import DataConfig, Pipeline
+from core.spec import DataSpec, ImageSpec
+from data.config import DataConfig, Partition, Pipeline
 from data.forms.base import Samples
 from data.pipelines.device_ops import DeviceAugment
+
+#: `data.*` options that only some sets read (`DataSet.reads`)
+SET_OPTIONS = ("num_samples", "generator_seed", "context_length", "split_blocks", "source_unit", "eval_windows")
 
 Transform = Callable[[Any], Any]
 Finish = Callable[[Any], Any]  # FFCV: the loader's image tensor -> the model's input
@@ -50,7 +53,7 @@ class DataSet(ABC):
     in_channels: int
     image_size: int  # default training resolution (`data.image_size` overrides it)
     num_classes: int  # `data.num_classes` overrides it (a subset of the classes)
-    form: ClassVar[type[Samples]]
+    form: ClassVar[type[Any]]  # a `data.forms` Samples class, or `data.text.corpus.TextCorpus`
     #: per-channel mean and std of pixels in [0, 1]; None: the samples are stored normalised
     mean: Optional[tuple[float, ...]] = None
     std: Optional[tuple[float, ...]] = None
@@ -58,11 +61,16 @@ class DataSet(ABC):
     config: dict[str, Any] = {}  # (read only)
     pipelines: ClassVar[tuple[Pipeline, ...]] = tuple(Pipeline)
     needs_root: ClassVar[bool] = True  # False: it ships with a package (no `data.root`)
+    #: the `data.*` options only some sets read (`SET_OPTIONS`) that this one reads; another set
+    #: given one of them refuses it in one line rather than ignoring it
+    reads: ClassVar[tuple[str, ...]] = ()
 
     # ---- facts and config ------------------------------------------------------------------
     def spec(self, cfg: DataConfig) -> DataSpec:
-        return DataSpec(in_channels=self.in_channels, image_size=cfg.image_size or self.image_size,
-                        num_classes=cfg.num_classes or self.num_classes)
+        """What a model needs of this set's input; images by default (a set of another kind, a
+        signal or a text, overrides it)."""
+        return ImageSpec(in_channels=self.in_channels, image_size=cfg.image_size or self.image_size,
+                         num_classes=cfg.num_classes or self.num_classes)
 
     def config_node(self) -> DictConfig:
         """The `data=NAME` option: the schema with this data set's values (checked against it)."""
@@ -73,10 +81,17 @@ class DataSet(ABC):
         if cfg.pipeline not in self.pipelines:
             raise UserError(f"data.pipeline={cfg.pipeline} cannot read data.name={self.name}; "
                             f"use one of {', '.join(self.pipelines)}")
-        if cfg.pipeline == Pipeline.device and not (self.form.in_memory and self.has_device_augment()):
+        if cfg.pipeline == Pipeline.device and not self.held_on_device():
             usable = ", ".join(p for p in self.pipelines if p != Pipeline.device)
             raise UserError(f"data.pipeline=device holds a data set in memory on the training device; "
                             f"data.name={self.name} is not held in memory that way: use one of {usable}")
+        if cfg.partition == Partition.source and not getattr(self.form, "windows", False):
+            raise UserError(f"data.partition=source deals a text's sources (plays, speaking roles) to the ranks; "
+                            f"data.name={self.name} has labels: use data.partition=iid, dirichlet or classes")
+        for key in SET_OPTIONS:
+            if getattr(cfg, key) is not None and key not in self.reads:
+                raise UserError(f"data.{key}={getattr(cfg, key)} is not an option of data.name={self.name}; "
+                                "remove it")
         if self.needs_root and not cfg.root:
             raise UserError(f"data.root is not set for data.name={self.name}; set paths.data_root "
                             "in conf/local/default.yaml or pass data.root=PATH")
@@ -96,6 +111,16 @@ class DataSet(ABC):
         """Split "train" or "val" in this data set's form, in its reading order. "val" is the data
         set's own held-out split, which the runner reports as the *test* set; the validation
         split that selects is carved out of "train" by index (`data.split`)."""
+
+    def identity(self, cfg: DataConfig) -> dict[str, Any]:
+        """Settings beyond the split's (`data.split.split_identity`) that change which samples a
+        run reads (a generated set's size and seed): a resumed run must share them."""
+        return {}
+
+    def record(self, cfg: DataConfig) -> dict[str, Any]:
+        """What summary.json's `data_split` records of this set beyond the split (a generated
+        set's size, seed and generation time; a corpus's checksum)."""
+        return {}
 
     def prepared_identity(self, cfg: DataConfig) -> dict[str, Any]:
         """Settings that change the samples (beyond the name): FFCV's and DALI's prepared files
@@ -129,6 +154,10 @@ class DataSet(ABC):
         """What the device pipeline does to a batch of the split (crop, flip, normalisation),
         for forms held in memory (`Samples.in_memory`)."""
         raise NotImplementedError(f"{self.name} declares no device-pipeline batch recipe")
+
+    def held_on_device(self) -> bool:
+        """Whether the device pipeline can hold this set: in memory, with a batch recipe."""
+        return bool(self.form.in_memory and self.has_device_augment())
 
     def has_device_augment(self) -> bool:
         return type(self).device_augment is not DataSet.device_augment
