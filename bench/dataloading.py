@@ -34,7 +34,7 @@ from data import DataRequest, build_data, load_data_config  # noqa: E402
 from data.prepare import prepare  # noqa: E402
 from data.prepared import check_prepared  # noqa: E402
 from engine.config import register_schemas  # noqa: E402
-from tests import datagen  # noqa: E402
+from tests.support import datagen  # noqa: E402
 
 PIPELINES = ("torchvision", "ffcv", "dali")
 

@@ -51,7 +51,7 @@ sys.path.insert(0, str(REPO))
 from dist_algos import list_algorithms  # noqa: E402
 from engine.train.imbalance import ImbalanceConfig  # noqa: E402
 from engine.train.imbalance import ImbalanceInjector  # noqa: E402
-from tests.harness import run_ranks, train_in_rank  # noqa: E402
+from tests.support.harness import run_ranks, train_in_rank  # noqa: E402
 
 FACTOR, PROB = 4.0, 0.2  # setting A: 4x the median step time, probability 0.2 per rank per step
 SLOW_RANK, SLOW_FACTOR = 1, 2.0  # setting B: rank 1 takes twice as long every step

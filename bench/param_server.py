@@ -96,7 +96,7 @@ def main() -> None:
     parser.add_argument("--density", type=float, default=0.01)
     args = parser.parse_args()
 
-    from tests.harness import run_ranks  # gloo ranks from a forkserver, as the tests start them
+    from tests.support.harness import run_ranks  # gloo ranks from a forkserver, as the tests start them
 
     algos = ["asgd", "dgs"]
     per_rank = run_ranks(bench_rank, args.workers + 1, algos, args.model, args.steps, args.warmup, args.density,

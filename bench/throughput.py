@@ -25,7 +25,7 @@ is measured in turns in one process, so that a change in a shared machine's load
 Prints a table, then one JSON line with `device_vs_torchvision_loader` (when both loaders are
 measured) and `runner_vs_ceiling_<pipeline>`. The data set is generated once into --dir: random
 pixels in CIFAR-10's pickle layout, or for `--data imagenet` an ImageFolder of JPEGs of 300-500 px
-whose content (smooth colour noise plus grain, `tests.datagen.natural_image`) compresses to about
+whose content (smooth colour noise plus grain, `tests.support.datagen.natural_image`) compresses to about
 a photograph's size, so that decoding costs about what ImageNet's does.
 """
 from __future__ import annotations
@@ -81,7 +81,7 @@ def _imagenet_chunk(job: tuple[str, str, int, int]) -> None:
     from PIL import Image
 
     sys.path.insert(0, str(REPO))
-    from tests.datagen import natural_image
+    from tests.support.datagen import natural_image
 
     folder, split, start, stop = job
     import numpy as np

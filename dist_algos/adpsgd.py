@@ -173,7 +173,7 @@ class Adpsgd(DistAlgorithm):
     deterministic_reason = ("asynchronous pairwise averaging meets whatever model the partner has published "
                             "at that moment; the synchronous mode averages the same pairs deterministically")
     test_scenarios = {"pairs": Scenario()}
-    reference = "tests.references:ADPSGD"
+    reference = "tests.support.references:ADPSGD"
     invalid_options = {"launch.nproc=3": "needs an even number of workers"}
 
     cfg: AdpsgdConfig

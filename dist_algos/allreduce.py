@@ -59,7 +59,7 @@ class Allreduce(OverlappedHooks):
     ft_refusal = ""  # a failed round skips the update
     Config = AllreduceConfig
     test_scenarios = {"overlapped": Scenario()}
-    reference = "tests.references:ALLREDUCE"
+    reference = "tests.support.references:ALLREDUCE"
     invalid_options = {"algo.bucket_mb=0": "algo.bucket_mb"}
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: TrainInfo) -> None:

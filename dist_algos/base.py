@@ -148,7 +148,7 @@ class DistAlgorithm(ABC):
     #: registry-wide exact-resume and reference tests. Empty: those tests fail, naming this.
     test_scenarios: ClassVar[dict[str, Scenario]] = {}
     #: "module:function" of the one-process simulation of this plugin's update (under tests/, see
-    #: tests/references.py for its signature); or leave None and give `reference_exemption`.
+    #: tests/support/references.py for its signature); or leave None and give `reference_exemption`.
     reference: ClassVar[Optional[str]] = None
     #: Why there can be no one-process reference (and what tests the update instead).
     reference_exemption: ClassVar[str] = ""

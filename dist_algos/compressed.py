@@ -58,7 +58,7 @@ class CompressedAllreduce(OverlappedHooks):
     test_scenarios = {"topk_ef": Scenario({"compress": ["topk:0.1"], "feedback": "ef"}),
                       "signmv_overlap": Scenario({"compress": ["signmv"], "feedback": "momentum:0.9", "overlap": True,
                                                   "bucket_mb": 0.5 / 1024, "first_bucket_mb": 0.1 / 1024})}
-    reference = "tests.references:COMPRESSED"
+    reference = "tests.support.references:COMPRESSED"
     invalid_options = {"algo.compress=[]": "use algo=allreduce", "algo.feedback=sometimes": "algo.feedback",
                        "algo.compress=[nonesuch]": "nonesuch", "algo.bucket_mb=0": "algo.bucket_mb"}
     cfg: CompressedConfig

@@ -76,7 +76,7 @@ class DiLoCo(LocalSGD):
     cfg: DiLoCoConfig  # type: ignore[assignment]
     # Streaming DiLoCo on 3 ranks: two fragments, one synchronised every 3 inner steps
     test_scenarios = {"streaming": Scenario({"inner_steps": 6, "fragments": 2}, world_size=3)}
-    reference = "tests.references:DILOCO"
+    reference = "tests.support.references:DILOCO"
     invalid_options = {"algo.fragments=3": "algo.fragments=3", "algo.inner_steps=0": "algo.inner_steps",
                        "algo.bn=global": "algo.bn='global'"}
 

@@ -41,7 +41,7 @@ class Dpsgd(DistAlgorithm):
     Config = DpsgdConfig
     test_world_size = 4
     test_scenarios = {"ring": Scenario()}
-    reference = "tests.references:DPSGD"
+    reference = "tests.support.references:DPSGD"
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: TrainInfo) -> None:
         super().setup(model, optimizer, info)

@@ -69,7 +69,7 @@ class EASGD(DistAlgorithm):
     Config = EASGDConfig
     test_world_size = 4
     test_scenarios = {"tau3": Scenario({"sync_period": 3, "moving_rate": 0.43}, optimizer="nesterov")}
-    reference = "tests.references:EASGD"
+    reference = "tests.support.references:EASGD"
     invalid_options = {"algo.sync_period=0": "algo.sync_period=0", "algo.moving_rate=1.5": "algo.moving_rate=1.5",
                        "algo.eval_model=best": "algo.eval_model"}
 

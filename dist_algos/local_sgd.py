@@ -102,7 +102,7 @@ class LocalSGD(DistAlgorithm):
     # QSR's rule on 3 ranks (not a power of two: the mean's divide is inexact), H from 3 in warmup
     test_scenarios = {"qsr": Scenario({"sync_schedule": "qsr", "period": 2, "warmup_period": 3, "alpha": 0.08,
                                        "power": 2.0, "switch_step": 6}, world_size=3)}
-    reference = "tests.references:LOCAL_SGD"
+    reference = "tests.support.references:LOCAL_SGD"
     invalid_options = {"algo.period=0": "algo.period=0", "algo.sync_schedule=cubic": "algo.sync_schedule='cubic'",
                        "algo.average_optimizer_fields=[exp_avg]": "exp_avg needs optim=adamw",
                        "optim=adamw algo.average_optimizer_fields=[momentum_buffer]": "momentum_buffer needs optim=sgd",

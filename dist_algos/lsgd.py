@@ -93,7 +93,7 @@ class LSGD(DistAlgorithm):
                                local_size=2, optimizer="nesterov"),
         "one_group": Scenario({"group_size": 4, "loss_window": 4, "global_period": 5, "global_refresh_pull": 0.5}),
     }
-    reference = "tests.references:LSGD"
+    reference = "tests.support.references:LSGD"
     invalid_options = {"algo.group_size=3": "algo.group_size=3", "algo.local_pull=2": "algo.local_pull=2",
                        "algo.group_size=2 algo.local_period=4 algo.global_period=6": "algo.global_period=6"}
 

@@ -48,7 +48,7 @@ class Sgp(DistAlgorithm):
     Config = SgpConfig
     test_world_size = 4
     test_scenarios = {"one_peer": Scenario({"num_peers": 1}), "two_peers": Scenario({"num_peers": 2}, optimizer="nesterov")}
-    reference = "tests.references:SGP"
+    reference = "tests.support.references:SGP"
     invalid_options = {"algo.num_peers=0": "algo.num_peers=0", "algo.num_peers=3": "algo.num_peers=3"}
 
     cfg: SgpConfig

@@ -76,7 +76,7 @@ class Wagma(DistAlgorithm):
                             "depends on timing; the synchronous mode runs the same schedule deterministically")
     # groups of two on two nodes of two ranks, a global average every third step
     test_scenarios = {"groups": Scenario({"group_size": 2, "global_period": 3}, local_size=2)}
-    reference = "tests.references:WAGMA"
+    reference = "tests.support.references:WAGMA"
     invalid_options = {"algo.group_size=3": "algo.group_size=3", "algo.group_size=8": "algo.group_size=8",
                        "algo.global_period=0": "algo.global_period=0", "launch.nproc=3": "power-of-two number"}
 

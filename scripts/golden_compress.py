@@ -1,4 +1,4 @@
-"""Golden outputs of the authors' compressors on seeded inputs, for tests/test_compress_golden.py.
+"""Golden outputs of the authors' compressors on seeded inputs, for tests/compress/test_against_authors_code.py.
 
 DeMo (bloc97/DeMo, demo.py: TransformDCT + CompressDCT) and SparseLoCo (tplr-ai/templar,
 src/tplr/compress.py: ChunkingTransformer + TopKCompressor with 2-bit statistical quantisation)

@@ -1,4 +1,4 @@
-"""Shared fixtures and markers. Multi-process tests spawn gloo ranks on the CPU (tests/harness.py),
+"""Shared fixtures and markers. Multi-process tests spawn gloo ranks on the CPU (tests/support/harness.py),
 and cli.py runs see no GPU (`cli_env`), so that bit-exact comparisons hold on a GPU machine too;
 tests marked `gpu` need CUDA and are skipped without it."""
 from __future__ import annotations
@@ -44,9 +44,9 @@ def cli_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory: pytest.TempPathFactory):
-    """Two emulated hosts (network namespaces, tests/emulated_hosts.py) for a module's multi-node
+    """Two emulated hosts (network namespaces, tests/support/emulated_hosts.py) for a module's multi-node
     tests; skipped where namespaces cannot be made; removed even when a test fails."""
-    from tests.emulated_hosts import EmulatedHosts, namespaces_usable
+    from tests.support.emulated_hosts import EmulatedHosts, namespaces_usable
 
     reason = namespaces_usable()
     if reason:

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.harness import run_ranks
+from tests.support.harness import run_ranks
 
 SIDE, N_TRAIN, N_VAL = 12, 256, 64
 
@@ -130,7 +130,7 @@ def add_and_use(rank: int, world: int, folder: str) -> dict[str, Any]:
     """In a launched-like rank: register the file's data set, then what a user would do."""
     import data
     from data import DataRequest, build_data, check_data_on_disk, data_spec
-    from tests.harness import compose, train_in_rank
+    from tests.support.harness import compose, train_in_rank
 
     import_file(Path(folder) / "stripes.py")
     data.register_configs()  # the runner's one call happened before the new file was imported

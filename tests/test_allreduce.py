@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.harness import run_ranks
-from tests.plugin_harness import BATCH, build_plugin, flat_params, make_model, make_optimizer, make_workers, \
+from tests.support.harness import run_ranks
+from tests.support.plugin_harness import BATCH, build_plugin, flat_params, make_model, make_optimizer, make_workers, \
     plugin_trajectory, worker_batch
 
 STEPS = 12

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from engine.checkpoint import files as ckpt
-from tests.harness import run_ranks
+from tests.support.harness import run_ranks
 
 BASE = ["train.max_steps=40", "model.width=8", "train.batch_size=32", "checkpoint.every_epochs=null",
         "train.eval_every_epochs=null"]
@@ -28,7 +28,7 @@ class _Lines(logging.Handler):
 def _train(overrides: list[str], run_dir: str) -> dict[str, Any]:
     """One segment of a run on this rank: the step it ended at, its summary, its warnings."""
     from engine.rank.trainer import Trainer
-    from tests.harness import plan_in_rank
+    from tests.support.harness import plan_in_rank
 
     lines = _Lines()
     logging.getLogger("syncopt").addHandler(lines)

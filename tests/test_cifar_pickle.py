@@ -19,7 +19,7 @@ import pytest
 
 from core.errors import UserError
 from data import DATASETS
-from tests.datagen import cifar_label, sample_image, write_cifar
+from tests.support.datagen import cifar_label, sample_image, write_cifar
 
 CIFAR10 = DATASETS.get("cifar10")
 

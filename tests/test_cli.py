@@ -124,7 +124,7 @@ def test_default_job_four_ranks_through_deepspeed(cli_env: dict, tmp_path: Path)
 def test_a_run_with_loader_workers_ends_within_3_s_of_its_summary(cli_env: dict, tmp_path: Path) -> None:
     """Loader workers (training and evaluation) are shut down with the run, not left for the
     interpreter's exit to join one by one."""
-    from tests.datagen import write_cifar as write_cifar_set
+    from tests.support.datagen import write_cifar as write_cifar_set
 
     write_cifar_set(tmp_path / "cifar", n_train=128, n_test=32)
     cmd = [sys.executable, CLI, "data=cifar10", f"data.root={tmp_path / 'cifar'}", "model=resnet20", "model.width=4",

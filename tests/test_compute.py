@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from engine.train.compute import plain_state_dict, prepare_model, wants_channels_last
-from tests.harness import run_ranks, train_in_rank
+from tests.support.harness import run_ranks, train_in_rank
 from tests.test_resume_registry import diff
 
 STEPS, STOP = 12, 5
@@ -70,7 +70,7 @@ def test_compile_resumes_without_it_and_vice_versa(tmp_path: Path) -> None:
 
 
 def _plugin_sees(rank: int, world: int, tmp: str) -> list[bool]:
-    from tests.harness import plan_in_rank
+    from tests.support.harness import plan_in_rank
     from engine.rank.trainer import Trainer
 
     plan, ctx = plan_in_rank(BASE + ["train.compile=true", "train.compile_backend=eager", "resume=null"], tmp)

@@ -9,7 +9,7 @@ from core.errors import UserError
 from data import DATASETS
 from dist_algos import ALGORITHMS
 from models import MODELS
-from tests.harness import CONF, compose
+from tests.support.harness import CONF, compose
 
 REPO = CONF.parent
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("recipe", "table", "local", "hydra"))

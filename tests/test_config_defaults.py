@@ -9,7 +9,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from engine.config import RunSchema
-from tests.harness import CONF
+from tests.support.harness import CONF
 
 SECTIONS = {f.name: f.default_factory for f in RunSchema.__dataclass_fields__.values()  # type: ignore[attr-defined]
             if callable(getattr(f, "default_factory", None))}

@@ -1,5 +1,5 @@
 """The three data pipelines (torchvision, FFCV, DALI) on generated data sets whose images say
-which sample they are (tests/datagen.py).
+which sample they are (tests/support/datagen.py).
 
 Per pipeline, on a CIFAR-format set and a JPEG ImageFolder: each epoch the training ranks'
 shards are disjoint and cover the set; labels match the images; the order is the same for the
@@ -12,7 +12,7 @@ Then the real trainer with each of FFCV and DALI: digits trains to the torchvisi
 bit for bit, a CIFAR run with augmentation stopped mid-epoch and resumed equals the
 uninterrupted run bit for bit (the registry's resume scenario), and the ImageFolder set trains.
 
-FFCV and DALI run in child processes (`tests.harness.run_ranks`) under timeouts: their loader
+FFCV and DALI run in child processes (`tests.support.harness.run_ranks`) under timeouts: their loader
 threads must not live in the pytest process, where a later fork (FFCV's writer, DataLoader
 workers) could hang next to them.
 """
@@ -32,9 +32,9 @@ import torch
 
 from data import DATASETS
 from data.pipelines import installed
-from tests.datagen import (cifar_label, imagefolder_label, read_identity, sample_image, write_cifar,
+from tests.support.datagen import (cifar_label, imagefolder_label, read_identity, sample_image, write_cifar,
                            write_imagefolder)
-from tests.harness import REPO, compose, run_ranks
+from tests.support.harness import REPO, compose, run_ranks
 
 PIPELINES = ("torchvision", "ffcv", "dali")
 OPTIONAL_PIPELINES = ("ffcv", "dali")  # what setup_env.sh installs beside torchvision
@@ -342,7 +342,7 @@ def test_torchvision_loaders_leave_the_global_rng_alone(tmp_path: Path, workers:
 
 # ---- the trainer with each pipeline ----------------------------------------------------------
 def train_and_resume(rank: int, world: int, pipeline: str, root: str, tmp: str) -> dict[str, Any]:
-    from tests.harness import train_in_rank
+    from tests.support.harness import train_in_rank
     from tests.test_resume_registry import algo_overrides, diff, resume_scenario
 
     final = f"checkpoints/step_{8:08d}/rank_{rank}.pt"

@@ -14,8 +14,8 @@ import torch
 from data import DATASETS, DataRequest, build_data
 from data.pipelines.device_ops import DeviceAugment, crop_offsets, draw, mix64
 from data.sampler import sample_seed, sample_seeds
-from tests.datagen import cifar_label, read_identity, write_cifar
-from tests.harness import compose, run_ranks
+from tests.support.datagen import cifar_label, read_identity, write_cifar
+from tests.support.harness import compose, run_ranks
 from tests.test_data_pipelines import _is_padded_crop
 
 N_TRAIN, N_TEST, SHARDS, BATCH = 96, 24, 2, 8
@@ -127,7 +127,7 @@ def test_a_set_read_from_files_is_refused_in_one_line(tmp_path: Path) -> None:
 
 
 def _trainer_runs(rank: int, world: int, root: str, tmp: str) -> dict[str, Any]:
-    from tests.harness import train_in_rank
+    from tests.support.harness import train_in_rank
     from tests.test_resume_registry import algo_overrides, diff, resume_scenario
 
     final = f"checkpoints/step_{8:08d}/rank_{rank}.pt"

@@ -11,7 +11,7 @@ import torch
 from core.distenv import DevicePlan, plan_devices, sharing_note
 from core.errors import UserError
 from dist_algos.machinery.p2p import staging_device
-from tests.harness import compose, run_ranks
+from tests.support.harness import compose, run_ranks
 
 
 @pytest.mark.parametrize("backend,ranks,gpus,local_rank,device,expected", [

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.harness import run_ranks
-from tests.plugin_harness import flat_params, grad_step, make_workers, plugin_trajectory, worker_batch
+from tests.support.harness import run_ranks
+from tests.support.plugin_harness import flat_params, grad_step, make_workers, plugin_trajectory, worker_batch
 from tests.test_lsgd import (BN_BATCHES, WORLD, assert_consensus, expected_average_bn, mix, param_keys, probe,
                              resume_probe, set_flat)
 

@@ -14,7 +14,7 @@ import torch
 
 from core.run_files import read_step
 from engine.checkpoint import files as ckpt
-from tests.harness import free_port, run_ranks, train_in_rank
+from tests.support.harness import free_port, run_ranks, train_in_rank
 from tests.test_cli import CLI, REPO, error_line, run_cli
 
 LONG = ["train.max_steps=100000", "train.eval_every_epochs=null", "checkpoint.every_steps=20",
@@ -188,7 +188,7 @@ def test_weights_only_loading_refuses_pickled_objects(tmp_path: Path) -> None:
 
 def init_from_scenario(rank: int, world: int, tmp: str) -> tuple[torch.Tensor, torch.Tensor]:
     from engine.rank.trainer import Trainer
-    from tests.harness import plan_in_rank
+    from tests.support.harness import plan_in_rank
 
     train_in_rank(rank, world, ["train.max_steps=8", "model.width=8"], f"{tmp}/source")
     plan, ctx = plan_in_rank(["train.max_steps=8", "model.width=8", f"init_from={tmp}/source"], f"{tmp}/new")

@@ -1,4 +1,4 @@
-"""Fault-tolerant mode over two hosts (network namespaces, tests/emulated_hosts.py): one supervisor
+"""Fault-tolerant mode over two hosts (network namespaces, tests/support/emulated_hosts.py): one supervisor
 per node started with launch.no_ssh=true (as slurm/syncopt.sbatch starts them), node 0 holding the
 lighthouse on its own address, the nodes meeting in the shared run directory (engine/drivers/ft_nodes.py).
 
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.emulated_hosts import IFNAME, EmulatedHosts
+from tests.support.emulated_hosts import IFNAME, EmulatedHosts
 
 pytest.importorskip("torchft")
 pytestmark = pytest.mark.multinode

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from dist_algos.machinery.ft_round import RoundAverager
-from tests.plugin_harness import flat_params, loss_of, make_workers, worker_batch
+from tests.support.plugin_harness import flat_params, loss_of, make_workers, worker_batch
 
 K, TAU, BETA, STEPS = 3, 2, 0.43, 10
 FAILS = {1}  # EASGD: round index (0-based) whose commit vote says no on every participant
@@ -94,7 +94,7 @@ def replica_plugin(algo: str, overrides: dict[str, Any], model: Any, opt: Any, s
     from core.schema import typed_section
     from dist_algos import get_algorithm
     from dist_algos.base import TrainInfo
-    from tests.plugin_harness import hyper_of
+    from tests.support.plugin_harness import hyper_of
 
     cls = get_algorithm(algo)
     ctx = DistContext(0, 1, 0, 1, 0, 1, torch.device("cpu"), "gloo", 60.0)
@@ -212,8 +212,8 @@ def run_powersgd_replicas(fails: set[int]) -> dict[int, Any]:
 
 
 def test_powersgd_rounds_follow_the_plain_three_rank_run() -> None:
-    from tests.harness import run_ranks
-    from tests.plugin_harness import plugin_trajectory
+    from tests.support.harness import run_ranks
+    from tests.support.plugin_harness import plugin_trajectory
 
     plain = run_ranks(plugin_trajectory, K, "powersgd", PSGD, PSGD_STEPS, "sgd", timeout=240)
     out = run_powersgd_replicas(set())

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.harness import run_ranks, train_in_rank
+from tests.support.harness import run_ranks, train_in_rank
 from tests.test_data_pipelines import needs
 
 pytestmark = pytest.mark.gpu
@@ -22,7 +22,7 @@ QUICK = ["train.max_steps=12", "train.log_every_steps=4", "train.eval_every_step
 
 def _trained(rank: int, world: int, overrides: list[str], tmp: str) -> dict[str, Any]:
     from engine.rank.trainer import Trainer
-    from tests.harness import plan_in_rank
+    from tests.support.harness import plan_in_rank
 
     plan, ctx = plan_in_rank(overrides + ["resume=null"], tmp)
     trainer = Trainer(plan, ctx)
@@ -75,7 +75,7 @@ def resume_with_loader_workers(tmp_path: Path, device: str) -> list[list[str]]:
     flips drawn in them: every tensor of every rank's final checkpoint (model, optimizer, the
     torch, CUDA, numpy and Python RNG states) after a stop in mid-epoch and a resume, against the
     uninterrupted run's."""
-    from tests.datagen import write_cifar
+    from tests.support.datagen import write_cifar
 
     write_cifar(tmp_path / "cifar10", "cifar10", 224, 32)
     env = ONE_GPU if device == "cuda" else {"CUDA_VISIBLE_DEVICES": ""}
@@ -119,8 +119,8 @@ def test_cuda_tensors_point_to_point_over_gloo() -> None:
 def test_device_pipeline_on_the_gpu_equals_the_cpu(tmp_path: Path) -> None:
     """Integer draws and gathers, IEEE element-wise normalisation: the same bits on both devices."""
     from data import DataRequest, build_data
-    from tests.datagen import write_cifar
-    from tests.harness import compose
+    from tests.support.datagen import write_cifar
+    from tests.support.harness import compose
 
     write_cifar(tmp_path / "cifar10", "cifar10", 96, 24)
     cfg = compose(["data=cifar10", "data.pipeline=device", f"paths.data_root={tmp_path}"]).data
@@ -137,8 +137,8 @@ def test_device_pipeline_batches_never_wait_for_the_gpu(tmp_path: Path) -> None:
     kernels only: no copy or read that makes the host wait for queued GPU work, which would stop
     the training loop from launching ahead (torch's sync debug mode raises on any)."""
     from data import DataRequest, build_data
-    from tests.datagen import write_cifar
-    from tests.harness import compose
+    from tests.support.datagen import write_cifar
+    from tests.support.harness import compose
 
     write_cifar(tmp_path / "cifar10", "cifar10", 96, 24)
     cfg = compose(["data=cifar10", "data.pipeline=device", f"paths.data_root={tmp_path}", "data.val_fraction=0"]).data
@@ -157,7 +157,7 @@ def test_device_pipeline_batches_never_wait_for_the_gpu(tmp_path: Path) -> None:
 
 def _dali_mixed(rank: int, world: int, root: str) -> bool:
     from data import DataRequest, build_data
-    from tests.harness import compose
+    from tests.support.harness import compose
 
     cfg = compose(["data=cifar10", "data.pipeline=dali", f"paths.data_root={root}", "data.num_workers=1",
                    "data.augment=false"]).data
@@ -173,8 +173,8 @@ def _dali_mixed(rank: int, world: int, root: str) -> bool:
 @needs("dali")  # (DALI's wheels are carried to a GPU machine in five pieces; a session may skip them)
 def test_dali_mixed_decoding(tmp_path: Path) -> None:
     from data.prepare import prepare
-    from tests.datagen import write_cifar
-    from tests.harness import compose
+    from tests.support.datagen import write_cifar
+    from tests.support.harness import compose
 
     write_cifar(tmp_path / "cifar10", "cifar10", 96, 24)
     prepare([compose(["data=cifar10", "data.pipeline=dali", f"paths.data_root={tmp_path}"]).data], workers=1)

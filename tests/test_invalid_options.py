@@ -16,7 +16,7 @@ import pytest
 
 from core.errors import UserError
 from dist_algos import get_algorithm, list_algorithms
-from tests.harness import CONF
+from tests.support.harness import CONF
 from tests.test_cli import error_line, run_cli
 
 CASES = [(name, overrides, fragment) for name in list_algorithms()

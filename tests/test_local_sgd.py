@@ -17,9 +17,9 @@ import torch
 import torch.nn as nn
 
 from dist_algos.machinery.sync_schedule import SyncRule
-from tests.harness import run_ranks
+from tests.support.harness import run_ranks
 from dist_algos.base import HyperParams
-from tests.plugin_harness import hyper_of, flat_params, grad_step, loss_of, make_model, make_optimizer, worker_batch
+from tests.support.plugin_harness import hyper_of, flat_params, grad_step, loss_of, make_model, make_optimizer, worker_batch
 
 K = 3  # not a power of two, so the divide in the average is not exact in binary
 STEPS = 20

@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tests.harness import run_ranks
-from tests.plugin_harness import flat_params, grad_step, make_workers, plugin_trajectory, worker_batch
+from tests.support.harness import run_ranks
+from tests.support.plugin_harness import flat_params, grad_step, make_workers, plugin_trajectory, worker_batch
 
 STEPS = 50
 WORLD = 4
@@ -120,7 +120,7 @@ def build(rank: int, algo: str, overrides: dict[str, Any], steps: int,
     from dist_algos.base import TrainInfo
     from core.schema import typed_section
     from core.distenv import init_distributed
-    from tests.plugin_harness import make_model, make_optimizer
+    from tests.support.plugin_harness import make_model, make_optimizer
 
     ctx = init_distributed("gloo", device="cpu")  # (the model is on the CPU, on a GPU machine too)
     cls = get_algorithm(algo)
@@ -142,7 +142,7 @@ def build(rank: int, algo: str, overrides: dict[str, Any], steps: int,
 
 def advance(plugin: Any, model: nn.Module, opt: torch.optim.Optimizer, rank: int, world: int, steps: range) -> None:
     from dist_algos.base import StepContext
-    from tests.plugin_harness import loss_of
+    from tests.support.plugin_harness import loss_of
 
     for step in steps:
         xb, yb = worker_batch(rank, step, world)
@@ -189,7 +189,7 @@ def resume_probe(rank: int, world: int, algo: str, overrides: dict[str, Any], st
 def expected_average_bn(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A BatchNorm model with these parameters and the statistics the consensus evaluation
     should give: per rank the plain average over its BN_BATCHES batches, then the rank mean."""
-    from tests.plugin_harness import make_model
+    from tests.support.plugin_harness import make_model
 
     model = make_model(batch_norm=True)
     state = model.state_dict()

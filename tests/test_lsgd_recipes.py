@@ -8,7 +8,7 @@ import pytest
 
 from dist_algos import get_algorithm
 from engine.train.optim import hyper_params
-from tests.harness import REPO, compose
+from tests.support.harness import REPO, compose
 
 RECIPES = sorted(p.stem for p in (REPO / "recipes" / "lsgd").glob("*.yaml") if not p.stem.endswith("_common"))
 

@@ -17,7 +17,7 @@ from data import DataRequest, build_data, build_streams, data_spec, num_train_sa
 from data.mnist1d import Procedure, interp_rows, make
 from data.split import train_split
 from models import build_model, check_buildable
-from tests.harness import compose, run_ranks
+from tests.support.harness import compose, run_ranks
 
 
 def paper_package(num_samples: int, seed: int) -> dict:
@@ -90,7 +90,7 @@ def test_mistakes_are_one_line(override: str, fragment: str) -> None:
 def test_a_model_for_other_inputs_is_refused_before_launch(tmp_path: Path) -> None:
     from core.rundir import RunDir
     from engine.plan import preflight
-    from tests.harness import CONF
+    from tests.support.harness import CONF
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -153,7 +153,7 @@ def test_the_papers_models_at_their_sizes() -> None:
 
 
 def one_rank(rank: int, world: int, run_dir: str) -> dict:
-    from tests.harness import train_in_rank
+    from tests.support.harness import train_in_rank
 
     return train_in_rank(rank, world, ["recipe=mnist1d/cnn", "train.max_steps=150", "train.eval_every_steps=150",
                                        "data.pipeline=device"], run_dir)

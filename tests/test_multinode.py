@@ -1,4 +1,4 @@
-"""Multi-node launches for real, across two emulated hosts (network namespaces, tests/emulated_hosts.py).
+"""Multi-node launches for real, across two emulated hosts (network namespaces, tests/support/emulated_hosts.py).
 
 One 2-host x 2-rank job on gloo, started through DeepSpeed's multi-node runner both ways cli.py
 offers, must end exactly where the same 4-rank job on one host ends (summary.json's test
@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.emulated_hosts import IFNAME, EmulatedHosts
+from tests.support.emulated_hosts import IFNAME, EmulatedHosts
 
 pytestmark = pytest.mark.multinode
 
@@ -56,7 +56,7 @@ def base_env() -> dict[str, str]:
 def one_host(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The reference: the same job (the real trainer, the same config) on 4 gloo ranks on this
     machine's loopback, uninterrupted."""
-    from tests.harness import run_ranks, train_in_rank
+    from tests.support.harness import run_ranks, train_in_rank
 
     run_dir = tmp_path_factory.mktemp("one_host")
     run_ranks(train_in_rank, 4, JOB, str(run_dir), timeout=TIMEOUT, env={"LOCAL_SIZE": "4"})

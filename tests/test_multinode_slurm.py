@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm_cluster import SlurmCluster, slurm_usable
+from tests.support.slurm_cluster import SlurmCluster, slurm_usable
 
 pytestmark = pytest.mark.multinode
 

@@ -27,8 +27,8 @@ from core.errors import UserError
 from engine.launch import network
 from engine.launch.network import EmulatedCluster, NetworkConfig, NetworkKind, namespaces, requirements_problem
 from engine.launch.procs import alive as _alive
-from tests.emulated_hosts import namespaces_usable
-from tests.harness import compose
+from tests.support.emulated_hosts import namespaces_usable
+from tests.support.harness import compose
 
 REPO = Path(__file__).resolve().parent.parent
 PY = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable

@@ -22,8 +22,8 @@ from typing import Any, Optional
 import pytest
 import torch
 
-from tests.harness import run_ranks
-from tests.plugin_harness import flat_params, loss_of, make_model, worker_batch
+from tests.support.harness import run_ranks
+from tests.support.plugin_harness import flat_params, loss_of, make_model, worker_batch
 
 LR = 0.05
 WD = 1e-4

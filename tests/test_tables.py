@@ -99,7 +99,7 @@ def test_every_shipped_table_composes_row_by_row(name: str, tmp_path: Path) -> N
     import cli  # registers the table schema
     from engine.tables.config import load_table, row_args, row_dir
     from engine.drivers.table_runner import describe_row
-    from tests.harness import CONF
+    from tests.support.harness import CONF
 
     assert cli.register_schemas
     GlobalHydra.instance().clear()
@@ -190,7 +190,7 @@ def test_comm_table_has_a_row_for_every_registered_algorithm(name: str) -> None:
     from dist_algos import list_algorithms
     from engine.config import load_run_config
     from engine.tables.config import load_table, row_grid
-    from tests.harness import CONF
+    from tests.support.harness import CONF
 
     assert cli.register_schemas
     GlobalHydra.instance().clear()

@@ -14,7 +14,7 @@ from engine.report.utilisation import peak_flops, utilisation
 from engine.train.clock import TrainClock
 from engine.train.state import TrainState
 from models.flops import train_flops_per_sample
-from tests.harness import run_ranks, train_in_rank
+from tests.support.harness import run_ranks, train_in_rank
 
 
 @pytest.mark.parametrize("name,precision,expected", [

@@ -3,7 +3,7 @@
 Sizes are exact and stratified; the split depends on `data.split_seed` only (one validation
 set for every run seed). Per pipeline (torchvision, device, FFCV, DALI; FFCV and DALI skip only
 where their package is absent), on a CIFAR-format set whose images say which sample they are
-(tests/datagen.py): validation, every rank's training shard and test are disjoint, validation is
+(tests/support/datagen.py): validation, every rank's training shard and test are disjoint, validation is
 read whole and once over the evaluating ranks with its labels, a skewed partition reaches the
 pipeline, and a stream resumed mid-epoch reads the uninterrupted epoch's batches. Selection:
 `checkpoint.best_metric=test_*` is refused before launch in one line; a run's best checkpoint,
@@ -30,8 +30,8 @@ from data import DATASETS
 from data.config import DataConfig
 from data.pipelines import installed
 from data.split import train_split, validation_indices
-from tests.datagen import cifar_label, read_identity, write_cifar
-from tests.harness import REPO, compose, run_ranks
+from tests.support.datagen import cifar_label, read_identity, write_cifar
+from tests.support.harness import REPO, compose, run_ranks
 
 N_TRAIN, N_TEST, SHARDS, BATCH = 96, 24, 2, 4
 VAL = ["data.val_fraction=0.25"]  # 24 of the 96
@@ -91,7 +91,7 @@ def test_best_metric_refuses_test_in_one_line(metric: str) -> None:
 
 
 def _two_runs(rank: int, world: int, tmp: str) -> Any:
-    from tests.harness import train_in_rank
+    from tests.support.harness import train_in_rank
 
     base = ["train.max_steps=12", "train.eval_every_steps=3", "model.width=8", "resume=null", "train.batch_size=16"]
     on = train_in_rank(rank, world, base, f"{tmp}/on")

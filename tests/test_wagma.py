@@ -19,9 +19,9 @@ import torch.nn as nn
 
 from dist_algos.machinery.group_schedule import GroupSchedule, is_global_step
 from core.errors import UserError
-from tests.harness import run_ranks
+from tests.support.harness import run_ranks
 from dist_algos.base import HyperParams
-from tests.plugin_harness import flat_params, grad_step, make_workers, plugin_trajectory, worker_batch
+from tests.support.plugin_harness import flat_params, grad_step, make_workers, plugin_trajectory, worker_batch
 
 SYNC_STEPS = 12
 WA_STEPS = 1000

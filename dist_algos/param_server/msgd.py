@@ -23,7 +23,7 @@ class MSGD(DistAlgorithm):
     Config = MSGDConfig
     test_world_size = 1
     test_scenarios = {"single_node": Scenario()}
-    reference = "tests.references:MSGD"
+    reference = "tests.support.references:MSGD"
     invalid_options = {"launch.nproc=2": "set launch.nproc=1"}
 
     @classmethod

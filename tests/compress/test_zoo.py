@@ -1,7 +1,7 @@
 """The compressor zoo against its definitions (issue 22): unbiasedness and variance bounds of the
 stochastic quantisers over many seeded draws, the majority vote, shared random-k positions, exact
 wire bytes, chains, and every registered compressor's round trip. Error feedback against
-one-process simulations with K workers is in tests/test_compress_feedback.py."""
+one-process simulations with K workers is in tests/compress/test_error_feedback.py."""
 from __future__ import annotations
 
 import math

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 import torch.multiprocessing as mp
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
 
 
@@ -69,8 +69,8 @@ def _context() -> Any:
         _CTX = mp.get_context("forkserver")
         # torch._dynamo: every optimizer's constructor imports it on first use (10-20 s per rank
         # on a loaded machine, paid again in every run_ranks call unless the server holds it)
-        _CTX.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "tests.harness",
-                                     "tests.plugin_harness", "engine.rank.trainer", "cli", "dist_algos",
+        _CTX.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "tests.support.harness",
+                                     "tests.support.plugin_harness", "engine.rank.trainer", "cli", "dist_algos",
                                      "data.sets.digits"])
     return _CTX
 

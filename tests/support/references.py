@@ -1,10 +1,10 @@
-"""The one-process references the plugins declare (`DistAlgorithm.reference = "tests.references:NAME"`).
+"""The one-process references the plugins declare (`DistAlgorithm.reference = "tests.support.references:NAME"`).
 
 A reference replays a plugin's update with K model copies in one process, no communication:
 `simulate(overrides, world, steps, kind)` returns, per rank, the flat parameters after each
 step (and, optionally, after `finalize`), or None for a rank it does not model (a server).
 tests/test_reference_registry.py runs every declared scenario of the plugin on gloo ranks
-through `tests.plugin_harness.plugin_trajectory` and compares to 1e-6.
+through `tests.support.plugin_harness.plugin_trajectory` and compares to 1e-6.
 
 Why here and named by a string: the runtime (dist_algos/) must never import test code, and a
 reference that lived beside the plugin would be a second implementation shipped with it. The
@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from tests.plugin_harness import flat_params, grad_step, make_workers, worker_batch
+from tests.support.plugin_harness import flat_params, grad_step, make_workers, worker_batch
 
 Trajectories = list[Optional[list[torch.Tensor]]]
 
@@ -61,7 +61,7 @@ MSGD = Reference(_msgd)
 
 # ---- compressed gradient exchange (dist_algos/compress) -----------------------------------------
 def _compressed(overrides: dict[str, Any], world: int, steps: int, kind: str) -> Trajectories:
-    from tests.test_compress_feedback import reference
+    from tests.compress.test_error_feedback import reference
 
     traj = reference(overrides.get("compress", ["topk:0.01"]), overrides.get("feedback", "ef"),
                      overrides.get("sign_result", False), k=world, steps=steps, kind=kind)

@@ -1,6 +1,6 @@
 """Driving a plugin directly (no trainer) for reference-equivalence tests.
 
-`plugin_trajectory` runs inside a rank (under `tests.harness.run_ranks`): it builds the same
+`plugin_trajectory` runs inside a rank (under `tests.support.harness.run_ranks`): it builds the same
 small model and optimizer on every rank, feeds rank r at step s the batch `worker_batch(r, s)`,
 calls `plugin.step` as the trainer would, and returns this rank's flat parameters after every
 step. A test then replays the same update in one process with K model copies

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import run_ranks
+from tests.support.harness import run_ranks
 from tests.test_resume_registry import STEPS, resume_scenario
 
-RECIPES = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "recipes" / "compress").glob("cpu_*.yaml"))
+RECIPES = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "recipes" / "compress").glob("cpu_*.yaml"))
 
 
 def overrides(recipe: str) -> list[str]:

@@ -17,7 +17,7 @@ import torch
 from dist_algos.compress import build_chain
 from dist_algos.compress.contract import EncodeContext
 
-GOLDEN = torch.load(Path(__file__).resolve().parent / "fixtures" / "compress_golden.pt", weights_only=True)
+GOLDEN = torch.load(Path(__file__).resolve().parents[1] / "fixtures" / "compress_golden.pt", weights_only=True)
 NAMES = ["matrix", "vector", "conv"]
 
 

@@ -17,8 +17,8 @@ from dist_algos.compress import build_chain
 from dist_algos.compress.communicator import Communicator, simulate
 from dist_algos.compress.contract import EncodeContext
 from dist_algos.compress.memory import Memory
-from tests.harness import run_ranks
-from tests.plugin_harness import grad_step, make_workers, plugin_trajectory, worker_batch
+from tests.support.harness import run_ranks
+from tests.support.plugin_harness import grad_step, make_workers, plugin_trajectory, worker_batch
 
 SIZES = [60, 12, 128]
 SHAPES = [(6, 10), (12,), (8, 4, 2, 2)]
@@ -162,7 +162,7 @@ def plugin_in_rank(rank: int, world: int) -> list[list[torch.Tensor]]:
 
 def test_overlap_cuts_the_model_into_several_buckets() -> None:
     from dist_algos.machinery.grad_buckets import MIB, assign_buckets
-    from tests.plugin_harness import make_model
+    from tests.support.plugin_harness import make_model
 
     sizes = [((torch.float32, "cpu"), p.numel() * 4) for p in make_model().parameters()]
     caps = (int(SMALL_BUCKETS["first_bucket_mb"] * MIB), int(SMALL_BUCKETS["bucket_mb"] * MIB))

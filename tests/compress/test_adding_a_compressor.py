@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 #: the whole of the new compressor: every `stride`-th entry from a shared offset that moves each
 #: step (a deterministic relative of random-k); the positions are known to every worker, so only

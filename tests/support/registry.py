@@ -71,7 +71,7 @@ def env_of(cls: type[DistAlgorithm], scenario: Scenario) -> dict[str, str]:
 
 
 def reference_of(cls: type[DistAlgorithm]) -> Optional[Any]:
-    """The declared reference (a `tests.references.Reference`), None for a reasoned exemption."""
+    """The declared reference (a `tests.support.references.Reference`), None for a reasoned exemption."""
     if cls.reference:
         module, _, attr = cls.reference.partition(":")
         try:
@@ -82,6 +82,6 @@ def reference_of(cls: type[DistAlgorithm]) -> Optional[Any]:
     if cls.reference_exemption.strip():
         return None
     raise MissingDeclaration(
-        f"algo={cls.name} declares no reference: add `reference = \"tests.references:NAME\"` (a "
-        f"tests.references.Reference simulating its update in one process, see tests/references.py) or "
+        f"algo={cls.name} declares no reference: add `reference = \"tests.support.references:NAME\"` (a "
+        f"tests.support.references.Reference simulating its update in one process, see tests/support/references.py) or "
         f"`reference_exemption = \"why none can exist and what tests the update instead\"` to {where(cls)}")

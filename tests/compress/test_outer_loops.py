@@ -18,8 +18,8 @@ import torch
 from dist_algos.compress import build_chain
 from dist_algos.compress.communicator import simulate
 from dist_algos.compress.memory import Memory
-from tests.harness import run_ranks
-from tests.plugin_harness import flat_params, grad_step, make_model, make_optimizer, plugin_trajectory, worker_batch
+from tests.support.harness import run_ranks
+from tests.support.plugin_harness import flat_params, grad_step, make_model, make_optimizer, plugin_trajectory, worker_batch
 from tests.test_diloco import FRAGMENTS, STEPS, run_variants, variant
 
 K = 3
@@ -183,7 +183,7 @@ def _streaming_wait(rank: int, world: int, tmp: str, exchange_s: float) -> dict[
     import time
 
     from dist_algos.compress.outer import OuterExchange
-    from tests.harness import train_in_rank
+    from tests.support.harness import train_in_rank
 
     combine = OuterExchange._combine
 
