@@ -15,8 +15,15 @@ allreduce, 4 gloo ranks; bench/bare_ddp.py is the same work without the runner):
   time (median over the repeats): what the runner adds to the start of every rank. Modules both
   import (torch, and torch._dynamo behind every optimizer's first call) cost both alike.
 
-    .venv/bin/python bench/startup.py [pairs] [--pairs 4]
-    .venv/bin/python bench/startup.py imports [--repeats 3] [--top 40]
+    .venv/bin/python bench/startup.py [pairs] [--pairs 4] [--bytecode cached|env]
+    .venv/bin/python bench/startup.py imports [--repeats 3] [--top 40] [--bytecode cached|env]
+
+Bytecode: with PYTHONDONTWRITEBYTECODE set (as on the shared development machine) nothing is
+cached and every process compiles every module it imports from source: the runner's ~150 modules
+in the launching process and in each rank (about a second each on a loaded 2-core machine), the
+bare script's one file. `--bytecode cached` (the default) times both with Python's cache on, as a
+user's machine has it, in a cache tree of this run's own; `--bytecode env` leaves the environment's
+setting (both for `pairs` and `imports`).
 
 The last line printed is a JSON object for scripts. Timings on a shared machine are noisy: the
 ratio of a pair is more stable than either time, and the median of pairs more than one pair.
@@ -59,11 +66,18 @@ def timed(cmd: list[str], out: Path, summary: Path) -> tuple[float, float]:
     return wall, float(json.loads(summary.read_text())["test_acc"])
 
 
+#: where both commands keep Python's compiled bytecode (None: as the environment says)
+PYCACHE: list[str] = []
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["CUDA_VISIBLE_DEVICES"] = ""  # the default job on a GPU machine would use the GPUs; bare uses the CPU
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
+    if PYCACHE:  # bytecode cached as on a user's machine, in a tree of its own (nothing written beside the sources)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = PYCACHE[0]
     return env
 
 
@@ -75,10 +89,14 @@ def bare_cmd(out: Path) -> list[str]:
     return [PY, "bench/bare_ddp.py", "--out", str(out)]
 
 
-def pairs(n: int) -> dict[str, Any]:
+def pairs(n: int, bytecode: str) -> dict[str, Any]:
     check_same_model()
     rows = []
     with tempfile.TemporaryDirectory(prefix="syncopt-startup-") as tmp:
+        if bytecode == "cached":
+            PYCACHE.append(str(Path(tmp) / "pycache"))
+            for kind, cmd in (("runner", runner_cmd), ("bare", bare_cmd)):  # fills the cache; not timed
+                timed(cmd(Path(tmp) / f"warm_{kind}"), Path(tmp), Path(tmp) / f"warm_{kind}" / "summary.json")
         for i in range(n):
             runs: dict[str, tuple[float, float]] = {}
             for kind in (("runner", "bare") if i % 2 == 0 else ("bare", "runner")):
@@ -93,7 +111,7 @@ def pairs(n: int) -> dict[str, Any]:
     median = statistics.median(r["ratio"] for r in rows)
     print(f"runner / bare, median of {n} pairs: {median:.3f}  (runner median {statistics.median(r['runner_s'] for r in rows):.2f} s, "
           f"bare median {statistics.median(r['bare_s'] for r in rows):.2f} s)")
-    return {"bench": "startup", "pairs": rows, "median_ratio": round(median, 3)}
+    return {"bench": "startup", "bytecode": bytecode, "pairs": rows, "median_ratio": round(median, 3)}
 
 
 def check_same_model() -> None:
@@ -127,12 +145,15 @@ def group_of(module: str) -> str:
     return ".".join(parts[:2]) if parts[0] in PROJECT and len(parts) > 2 else parts[0]
 
 
-def imports(repeats: int, top: int) -> dict[str, Any]:
+def imports(repeats: int, top: int, bytecode: str) -> dict[str, Any]:
     """What one rank of the runner imports that the bare rank does not (median over `repeats`
-    profiles of each), by package; and both ranks' total import time."""
+    profiles of each, after one that fills the bytecode cache), by package; and both ranks'
+    total import time."""
     runner_runs, bare_runs = [], []
     with tempfile.TemporaryDirectory(prefix="syncopt-imports-") as tmp:
-        for i in range(repeats):
+        if bytecode == "cached":
+            PYCACHE.append(str(Path(tmp) / "pycache"))
+        for i in range(repeats + 1):
             rank_env = {**_env(), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_SIZE": "1",
                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1"}
             # the runner's rank dies (SIGKILL) once it has finished step 1: what it imported until then
@@ -140,6 +161,7 @@ def imports(repeats: int, top: int) -> dict[str, Any]:
                                               rank_env))
             bare_runs.append(import_profile(["bench/bare_ddp.py", "--nproc", "1", "--max-steps", "1",
                                              "--out", f"{tmp}/bare_{i}"], {**_env(), "OMP_NUM_THREADS": "1"}))
+    runner_runs, bare_runs = runner_runs[1:], bare_runs[1:]  # the first filled the cache
     bare_modules = set().union(*bare_runs)
     per_run = [Counter() for _ in runner_runs]
     counts: Counter = Counter()
@@ -161,7 +183,7 @@ def imports(repeats: int, top: int) -> dict[str, Any]:
     total_b = statistics.median(sum(r.values()) for r in bare_runs) / 1000
     print(f"{'runner-only, all':32s} {added:8.1f}")
     print(f"all imports: runner rank {total_r:.1f} ms, bare rank {total_b:.1f} ms (medians)")
-    return {"bench": "imports", "repeats": repeats, "runner_ms": round(total_r, 1), "bare_ms": round(total_b, 1),
+    return {"bench": "imports", "bytecode": bytecode, "repeats": repeats, "runner_ms": round(total_r, 1), "bare_ms": round(total_b, 1),
             "runner_only_ms": round(added, 1), "rows": rows[:top]}
 
 
@@ -177,10 +199,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", nargs="?", choices=("pairs", "imports"), default="pairs")
     parser.add_argument("--pairs", type=int, default=4, help="alternating pairs of runs (pairs)")
+    parser.add_argument("--bytecode", choices=("cached", "env"), default="cached",
+                        help="cached = Python's bytecode cache on for both (a cache of the run's own, "
+                             "filled by one untimed run of each); env = as this environment has it")
     parser.add_argument("--top", type=int, default=40, help="packages shown (imports)")
     parser.add_argument("--repeats", type=int, default=3, help="profiles of each rank (imports)")
     args = parser.parse_args()
-    result = pairs(args.pairs) if args.what == "pairs" else imports(args.repeats, args.top)
+    result = pairs(args.pairs, args.bytecode) if args.what == "pairs" else imports(args.repeats, args.top, args.bytecode)
     print(json.dumps(result))
 
 
