@@ -1,14 +1,14 @@
 #!/usr/bin/env python
 """Start-up of many ranks on one machine: DeepSpeed's launcher against `launch.launcher=fork`.
 
-    python bench/many_ranks.py                                  # fork at 16, 64; launcher at 16, 32
-    python bench/many_ranks.py --fork 16 64 128 --launcher 16 32 64
-    python bench/many_ranks.py --job digits --fork 4 16 --launcher 4 16
+    python bench/many_ranks.py                                  # digits: fork at 16, 64; launcher at 16, 32
+    python bench/many_ranks.py --fork 16 64 128 --launcher 8 16 24
+    python bench/many_ranks.py --job mnist1d --fork 16 64 --launcher 16
 
-One run, both starts, the same job: the MNIST-1D job (`--job mnist1d`: data=mnist1d
-model=mnist1d_cnn on 60,000 training and 10,000 test samples, batch 16 per rank, allreduce, a few
-steps, no evaluation but the final one) or the default digits job (`--job digits`, batch 16 per
-rank). Each point is a fresh `python cli.py ...` in its own run directory; what is measured:
+One run, both starts, the same job: the default digits job (`--job digits`, the default: small
+CNN, batch 16 per rank, allreduce, a few steps, no evaluation but the final one) or the MNIST-1D
+job (`--job mnist1d`: data=mnist1d model=mnist1d_cnn on 60,000 training and 10,000 test samples,
+batch 16 per rank). Each point is a fresh `python cli.py ...` in its own run directory; what is measured:
 
 - **start-up**: from the moment cli.py is started to the first `train` line of metrics.jsonl,
   which the reporting rank writes once step 1 is done (`train.log_every_steps=1`). Under
@@ -190,7 +190,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--fork", type=int, nargs="*", default=[16, 64], help="ranks under launch.launcher=fork")
     parser.add_argument("--launcher", type=int, nargs="*", default=[16, 32], help="ranks under DeepSpeed's launcher")
-    parser.add_argument("--job", choices=sorted(JOBS), default="mnist1d")
+    parser.add_argument("--job", choices=sorted(JOBS), default="digits")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds one point may take")
     parser.add_argument("--dir", type=Path, default=None, help="where the runs go (default: a temporary folder)")
