@@ -14,7 +14,9 @@ batch 16 per rank). Each point is a fresh `python cli.py ...` in its own run dir
   which the reporting rank writes once step 1 is done (`train.log_every_steps=1`). Under
   allreduce that step ends only when every rank has reduced its first gradients, so it is the
   time to *every* rank's first step. Polled every 20 ms;
-- **job**: cli.py's whole wall-clock (start-up, the steps, the final evaluation and checkpoint);
+- **job**: cli.py's whole wall-clock (start-up, the steps, the final evaluation and checkpoint),
+  and its CPU seconds (user + system of every process of the job, each reaped by its parent:
+  getrusage's children), the figure the machine's other load moves least;
 - **memory**, sampled once after the first step from /proc/<pid>/smaps_rollup of every rank (its
   pid file) and of cli.py (and, forked, the group leader): per rank its USS (private pages: what
   one more rank costs) and PSS (its share of everything it maps), and the whole job's PSS;
@@ -44,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -141,6 +144,7 @@ def measure(start: str, nproc: int, job: str, steps: int, out: Path, timeout_s: 
             f"hydra.run.dir={run_dir}"]
     load = os.getloadavg()[0]
     log = open(out / f"{start}_{nproc}.log", "w")
+    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, str(REPO / "cli.py"), *args], cwd=REPO, env=env, stdout=log,
                             stderr=subprocess.STDOUT)
@@ -155,10 +159,12 @@ def measure(start: str, nproc: int, job: str, steps: int, out: Path, timeout_s: 
         proc.kill()
         proc.wait()
     job_s = time.monotonic() - t0
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # every process of the job, reaped down the tree
+    job_cpu_s = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     log.close()
     ok = proc.returncode == 0 and (run_dir / "summary.json").exists()
     return {"start": start, "nproc": nproc, "ok": ok, "code": proc.returncode, "startup_s": first,
-            "job_s": round(job_s, 2), "load_before": round(load, 2), **memory,
+            "job_s": round(job_s, 2), "job_cpu_s": round(job_cpu_s, 1), "load_before": round(load, 2), **memory,
             "log": str(out / f"{start}_{nproc}.log")}
 
 
@@ -209,15 +215,16 @@ def main() -> None:
     for start, n in order:  # by ranks, both starts side by side, so that they see similar load
         r = measure(start, n, args.job, args.steps, out, args.timeout, env)
         results.append(r)
-        print(f"{start:9s} {n:4d} ranks: start-up {fmt(r['startup_s'])} s, job {r['job_s']:.1f} s"
+        print(f"{start:9s} {n:4d} ranks: start-up {fmt(r['startup_s'])} s, job {r['job_s']:.1f} s, "
+              f"CPU {r['job_cpu_s']:.0f} s"
               f"{'' if r['ok'] else ' FAILED (see ' + r['log'] + ')'}", flush=True)
     print()
     print(f"{args.job} job, {args.steps} steps of allreduce, batch 16 per rank; {os.cpu_count()} cores; bytecode "
           f"{args.bytecode}; runs in {out}")
-    print(f"{'start':9s} {'ranks':>5s} {'start-up s':>10s} {'job s':>7s} {'USS/rank MB':>11s} {'PSS/rank MB':>11s} "
+    print(f"{'start':9s} {'ranks':>5s} {'start-up s':>10s} {'job s':>7s} {'CPU s':>6s} {'USS/rank MB':>11s} {'PSS/rank MB':>11s} "
           f"{'job PSS MB':>10s} {'fds':>6s} {'tcp':>6s} {'load':>5s}")
     for r in results:
-        print(f"{r['start']:9s} {r['nproc']:5d} {fmt(r['startup_s']):>10s} {r['job_s']:7.1f} {fmt(r.get('rank_uss_mb')):>11s} "
+        print(f"{r['start']:9s} {r['nproc']:5d} {fmt(r['startup_s']):>10s} {r['job_s']:7.1f} {r['job_cpu_s']:6.0f} {fmt(r.get('rank_uss_mb')):>11s} "
               f"{fmt(r.get('rank_pss_mb')):>11s} {fmt(r.get('job_pss_mb')):>10s} {fmt(r.get('rank_fds_max')):>6s} "
               f"{fmt(r.get('tcp_sockets')):>6s} {r['load_before']:5.2f}")
     launched = [(r["nproc"], r["startup_s"]) for r in results if r["start"] == "deepspeed" and r["ok"] and r["startup_s"]]
