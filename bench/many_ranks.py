@@ -14,9 +14,10 @@ batch 16 per rank). Each point is a fresh `python cli.py ...` in its own run dir
   which the reporting rank writes once step 1 is done (`train.log_every_steps=1`). Under
   allreduce that step ends only when every rank has reduced its first gradients, so it is the
   time to *every* rank's first step. Polled every 20 ms;
-- **job**: cli.py's whole wall-clock (start-up, the steps, the final evaluation and checkpoint),
-  and its CPU seconds (user + system of every process of the job, each reaped by its parent:
-  getrusage's children), the figure the machine's other load moves least;
+- **CPU to the first step**: user + system seconds of cli.py and every process under it (the
+  launcher or the group leader, the ranks, what they have reaped) from /proc/<pid>/stat when the
+  first step is seen: the figure the machine's other load moves least;
+- **job**: cli.py's whole wall-clock (start-up, the steps, the final evaluation and checkpoint);
 - **memory**, sampled once after the first step from /proc/<pid>/smaps_rollup of every rank (its
   pid file) and of cli.py (and, forked, the group leader): per rank its USS (private pages: what
   one more rank costs) and PSS (its share of everything it maps), and the whole job's PSS;
@@ -46,7 +47,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -92,6 +92,19 @@ def descendants(pid: int) -> list[int]:
     except OSError:
         return []
     return kids + [d for k in kids for d in descendants(k)]
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds the processes have used, with their children that they have
+    reaped (cutime, cstime): at the first step every rank is alive, so this is the job's CPU to it."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime (fields 14-17)
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def open_fds(pid: int) -> int:
@@ -144,7 +157,6 @@ def measure(start: str, nproc: int, job: str, steps: int, out: Path, timeout_s: 
             f"hydra.run.dir={run_dir}"]
     load = os.getloadavg()[0]
     log = open(out / f"{start}_{nproc}.log", "w")
-    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, str(REPO / "cli.py"), *args], cwd=REPO, env=env, stdout=log,
                             stderr=subprocess.STDOUT)
@@ -153,18 +165,17 @@ def measure(start: str, nproc: int, job: str, steps: int, out: Path, timeout_s: 
     while proc.poll() is None and time.monotonic() - t0 < timeout_s:
         if first is None and first_step_seen(run_dir / "metrics.jsonl"):
             first = time.monotonic() - t0
-            memory = sample_memory(proc.pid, run_dir)
+            cpu = cpu_seconds([proc.pid, *descendants(proc.pid)])
+            memory = {"startup_cpu_s": round(cpu, 1), **sample_memory(proc.pid, run_dir)}
         time.sleep(0.02)
     if proc.poll() is None:
         proc.kill()
         proc.wait()
     job_s = time.monotonic() - t0
-    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # every process of the job, reaped down the tree
-    job_cpu_s = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     log.close()
     ok = proc.returncode == 0 and (run_dir / "summary.json").exists()
     return {"start": start, "nproc": nproc, "ok": ok, "code": proc.returncode, "startup_s": first,
-            "job_s": round(job_s, 2), "job_cpu_s": round(job_cpu_s, 1), "load_before": round(load, 2), **memory,
+            "job_s": round(job_s, 2), "load_before": round(load, 2), **memory,
             "log": str(out / f"{start}_{nproc}.log")}
 
 
@@ -216,7 +227,7 @@ def main() -> None:
         r = measure(start, n, args.job, args.steps, out, args.timeout, env)
         results.append(r)
         print(f"{start:9s} {n:4d} ranks: start-up {fmt(r['startup_s'])} s, job {r['job_s']:.1f} s, "
-              f"CPU {r['job_cpu_s']:.0f} s"
+              f"CPU to the first step {fmt(r.get('startup_cpu_s'))} s"
               f"{'' if r['ok'] else ' FAILED (see ' + r['log'] + ')'}", flush=True)
     print()
     print(f"{args.job} job, {args.steps} steps of allreduce, batch 16 per rank; {os.cpu_count()} cores; bytecode "
@@ -224,7 +235,7 @@ def main() -> None:
     print(f"{'start':9s} {'ranks':>5s} {'start-up s':>10s} {'job s':>7s} {'CPU s':>6s} {'USS/rank MB':>11s} {'PSS/rank MB':>11s} "
           f"{'job PSS MB':>10s} {'fds':>6s} {'tcp':>6s} {'load':>5s}")
     for r in results:
-        print(f"{r['start']:9s} {r['nproc']:5d} {fmt(r['startup_s']):>10s} {r['job_s']:7.1f} {r['job_cpu_s']:6.0f} {fmt(r.get('rank_uss_mb')):>11s} "
+        print(f"{r['start']:9s} {r['nproc']:5d} {fmt(r['startup_s']):>10s} {r['job_s']:7.1f} {fmt(r.get('startup_cpu_s')):>6s} {fmt(r.get('rank_uss_mb')):>11s} "
               f"{fmt(r.get('rank_pss_mb')):>11s} {fmt(r.get('job_pss_mb')):>10s} {fmt(r.get('rank_fds_max')):>6s} "
               f"{fmt(r.get('tcp_sockets')):>6s} {r['load_before']:5.2f}")
     launched = [(r["nproc"], r["startup_s"]) for r in results if r["start"] == "deepspeed" and r["ok"] and r["startup_s"]]
