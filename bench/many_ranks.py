@@ -2,7 +2,8 @@
 """Start-up of many ranks on one machine: DeepSpeed's launcher against `launch.launcher=fork`.
 
     python bench/many_ranks.py                                  # digits: fork at 16, 64; launcher at 16, 32
-    python bench/many_ranks.py --fork 16 64 128 --launcher 8 16 24
+    python bench/many_ranks.py --fork 16 64 --launcher 8 16
+    python bench/many_ranks.py --fork 128 --launcher --batch 8       # 128 ranks of digits
     python bench/many_ranks.py --job mnist1d --fork 16 64 --launcher 16
 
 One run, both starts, the same job: the default digits job (`--job digits`, the default: small
@@ -61,7 +62,7 @@ JOBS = {
                 "data.val_fraction=0"],
     "digits": [],
 }
-COMMON = ["algo=allreduce", "train.batch_size=16", "train.log_every_steps=1", "train.eval_every_epochs=null",
+COMMON = ["algo=allreduce", "train.log_every_steps=1", "train.eval_every_epochs=null",
           "train.eval_every_steps=null", "checkpoint.every_epochs=null", "checkpoint.every_steps=null",
           "train.progress=false", "dist.device=cpu"]
 
@@ -149,11 +150,12 @@ def warm_cache(job: str, out: Path, env: dict[str, str]) -> None:
                    check=False)
 
 
-def measure(start: str, nproc: int, job: str, steps: int, out: Path, timeout_s: float,
+def measure(start: str, nproc: int, job: str, steps: int, batch: int, out: Path, timeout_s: float,
             env: dict[str, str]) -> dict[str, Any]:
     """One point: cli.py with `nproc` ranks under `start` (deepspeed | fork)."""
     run_dir = out / f"{start}_{nproc}"
-    args = [*JOBS[job], *COMMON, f"train.max_steps={steps}", f"launch.nproc={nproc}", f"launch.launcher={start}",
+    args = [*JOBS[job], *COMMON, f"train.batch_size={batch}", f"train.max_steps={steps}", f"launch.nproc={nproc}",
+            f"launch.launcher={start}",
             f"hydra.run.dir={run_dir}"]
     load = os.getloadavg()[0]
     log = open(out / f"{start}_{nproc}.log", "w")
@@ -209,6 +211,8 @@ def main() -> None:
     parser.add_argument("--launcher", type=int, nargs="*", default=[16, 32], help="ranks under DeepSpeed's launcher")
     parser.add_argument("--job", choices=sorted(JOBS), default="digits")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=16,
+                        help="per rank (digits has 1,293 training samples: 128 ranks need a batch of 10 or less)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds one point may take")
     parser.add_argument("--dir", type=Path, default=None, help="where the runs go (default: a temporary folder)")
     parser.add_argument("--bytecode", choices=("cached", "env"), default="cached")
@@ -224,13 +228,13 @@ def main() -> None:
     order = sorted({("deepspeed", n) for n in args.launcher} | {("fork", n) for n in args.fork}, key=lambda p: (p[1], p[0]))
     results = []
     for start, n in order:  # by ranks, both starts side by side, so that they see similar load
-        r = measure(start, n, args.job, args.steps, out, args.timeout, env)
+        r = measure(start, n, args.job, args.steps, args.batch, out, args.timeout, env)
         results.append(r)
         print(f"{start:9s} {n:4d} ranks: start-up {fmt(r['startup_s'])} s, job {r['job_s']:.1f} s, "
               f"CPU to the first step {fmt(r.get('startup_cpu_s'))} s"
               f"{'' if r['ok'] else ' FAILED (see ' + r['log'] + ')'}", flush=True)
     print()
-    print(f"{args.job} job, {args.steps} steps of allreduce, batch 16 per rank; {os.cpu_count()} cores; bytecode "
+    print(f"{args.job} job, {args.steps} steps of allreduce, batch {args.batch} per rank; {os.cpu_count()} cores; bytecode "
           f"{args.bytecode}; runs in {out}")
     print(f"{'start':9s} {'ranks':>5s} {'start-up s':>10s} {'job s':>7s} {'CPU s':>6s} {'USS/rank MB':>11s} {'PSS/rank MB':>11s} "
           f"{'job PSS MB':>10s} {'fds':>6s} {'tcp':>6s} {'load':>5s}")
