@@ -1,7 +1,7 @@
 """What the reporting rank shows and writes while a run trains: the progress bar, one
 metrics.jsonl line per log step and per evaluation (and wandb), and at the end summary.json,
-the plots and the one-screen summary. It reads the shared `TrainState` and the run's fixed
-`RunFacts`, never the trainer."""
+the plots and the one-screen summary, each in the task's metrics (`core.task`). It reads the
+shared `TrainState` and the run's fixed `RunFacts`, never the trainer."""
 from __future__ import annotations
 
 import json
@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.provenance import code_version
 from core.rundir import RunDir
+from core.task import Task
 from engine.report.metrics import LoggerConfig, Reporter, read_metrics
 from engine.report.plots import plot_run, plot_series
 from engine.report.summary import print_summary
@@ -41,6 +42,8 @@ class RunFacts:
     num_gpus: int = 0  # GPUs the job trains on (0: the CPU)
     flops_per_sample: Optional[float] = None  # the model's training FLOPs per sample (models.flops)
     peak_flops: Optional[float] = None  # one GPU's peak at the run's precision (None: unknown, CPU)
+    task: str = "classification"  # core.spec's task name (summary.json `task`)
+    tokens_per_sample: Optional[int] = None  # a text window's predicted tokens (None: not a text)
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -51,8 +54,9 @@ def write_json(path: Path, obj: Any) -> None:
 
 class RunReport:
     def __init__(self, run_dir: RunDir, raw: DictConfig, logger: LoggerConfig, log_every: int,
-                 progress: bool, facts: RunFacts, state: Any, plot_keys: list[str]) -> None:
+                 progress: bool, facts: RunFacts, state: Any, plot_keys: list[str], task: Task) -> None:
         self.run_dir, self.facts, self.log_every, self.plot_keys = run_dir, facts, log_every, plot_keys
+        self.task = task
         # the code this segment runs, read as it starts (a commit landing mid-run is not this run's)
         self.code = code_version()
         run_dir.config.write_text(OmegaConf.to_yaml(raw, resolve=True))
@@ -63,7 +67,7 @@ class RunReport:
         # running sums stay on the loss's device: reading them every step would wait for the GPU
         self._loss: Optional[torch.Tensor] = None
         self._correct: Optional[torch.Tensor] = None
-        self._seen = self._window_samples = 0
+        self._seen = self._counted = self._window_samples = 0
         self._window_train_s, self._window_wait_s = state.train_seconds, state.data_wait_seconds
         self.bar = None
         if progress:
@@ -72,11 +76,14 @@ class RunReport:
             self.bar = tqdm(total=facts.total_steps, initial=state.step, desc=facts.algo, unit="step",
                             file=sys.stderr, dynamic_ncols=True, leave=True)
 
-    def train_batch(self, loss: torch.Tensor, correct: torch.Tensor, n: int) -> None:
+    def train_batch(self, loss: torch.Tensor, correct: torch.Tensor, n: int, predictions: Optional[int] = None) -> None:
+        """One step's batch on this rank: its mean loss over `n` samples, and `correct` of its
+        `predictions` (samples, or a text's tokens: `Task.count`) right."""
         loss = loss.detach().double() * n
         self._loss = loss if self._loss is None else self._loss + loss
         self._correct = correct if self._correct is None else self._correct + correct
         self._seen += n
+        self._counted += n if predictions is None else predictions
 
     def after_step(self, state: Any, lr: float, trained: bool, metrics: dict[str, float]) -> None:
         """`trained`: this rank took a training step (the window counts the global batch)."""
@@ -94,7 +101,7 @@ class RunReport:
         correct = int(self._correct) if self._correct is not None else 0
         record: dict[str, Any] = {
             "kind": "train", "step": state.step, "epoch": self._epoch(state), "lr": lr,
-            "loss": loss / max(self._seen, 1), "acc": correct / max(self._seen, 1),
+            "loss": loss / max(self._seen, 1), "acc": correct / max(self._counted, 1),
             "samples_per_s": sps, "data_wait_frac": (state.data_wait_seconds - self._window_wait_s) / train_s,
             **({"mfu": used["mfu"]} if used["mfu"] is not None else {}), **metrics,
         }
@@ -103,7 +110,7 @@ class RunReport:
             self.bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record['acc']:.3f}", sps=f"{sps:.0f}",
                                  refresh=False)
         self._loss = self._correct = None
-        self._seen = self._window_samples = 0
+        self._seen = self._counted = self._window_samples = 0
         self._window_train_s, self._window_wait_s = state.train_seconds, state.data_wait_seconds
 
     def note(self, record: dict[str, Any]) -> None:
@@ -117,8 +124,9 @@ class RunReport:
         self.reporter.log({"kind": "eval", "step": state.step, "epoch": self._epoch(state),
                            "wall_s": round(state.elapsed(), 3), **result, **comm})
         if self.bar is not None:
-            val = f"val_acc {result['val_acc']:.4f}  val_loss {result['val_loss']:.4f}  " if "val_acc" in result else ""
-            self.bar.write(f"step {state.step}: {val}test_acc {result['test_acc']:.4f}  test_loss {result['test_loss']:.4f}")
+            shown = [f"{prefix}_{name} {result[f'{prefix}_{name}']:.4f}" for prefix in ("val", "test")
+                     for name in self.task.shown if f"{prefix}_{name}" in result]
+            self.bar.write(f"step {state.step}: " + "  ".join(shown))
 
     def finish(self, summary: dict[str, Any]) -> None:
         if self.bar is not None:
@@ -131,7 +139,7 @@ class RunReport:
         records = read_metrics(self.run_dir.metrics)
         f = self.facts
         title = f"{f.algo} / {f.model} / {f.data} ({f.world_size} ranks)"
-        plot_run(records, self.run_dir.curves, title)
+        plot_run(records, self.run_dir.curves, title, self.task.plotted)
         series = [k for k in self.plot_keys if any(k in r for r in records)]
         if series:
             plot_series(records, ["lr", *series], self.run_dir.schedule_plot(f.algo), title)
