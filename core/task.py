@@ -76,8 +76,13 @@ class Task(ABC):
         """The batch's mean loss (what a step differentiates), in float32."""
 
     @abstractmethod
+    def hits(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Which predictions in the batch are right (top-1), a bool tensor with one entry per
+        prediction (the training log's `acc`, summed only when a log step reads it)."""
+
     def correct(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """How many predictions in the batch are right (top-1), as a tensor (the training log's `acc`)."""
+        """How many predictions in the batch are right (top-1), as a tensor."""
+        return self.hits(output, target).sum()
 
     @abstractmethod
     def count(self, target: torch.Tensor) -> int:
@@ -137,8 +142,8 @@ class Classification(Task):
     def loss(self, output: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
         return F.cross_entropy(output.float(), target, label_smoothing=label_smoothing)
 
-    def correct(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return (output.argmax(1) == target).sum()
+    def hits(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return output.argmax(1) == target
 
     def count(self, target: torch.Tensor) -> int:
         return len(target)
@@ -177,8 +182,8 @@ class LanguageModel(Task):
         logits, tokens = self._flat(output, target)
         return F.cross_entropy(logits, tokens, label_smoothing=label_smoothing)
 
-    def correct(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return (output.argmax(-1) == target).sum()
+    def hits(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return output.argmax(-1) == target
 
     def count(self, target: torch.Tensor) -> int:
         return target.numel()

@@ -167,7 +167,7 @@ class Trainer:
             clock.after_step(st.step, self.total_steps)
             if self.report:
                 self.report.after_step(st, self.schedule.lr_at(st.step), self.is_worker,
-                                       {**self.algo.comm.as_metrics(), **self.algo.metrics()})
+                                       lambda: {**self.algo.comm.as_metrics(), **self.algo.metrics()})
             if stop.budget.active():  # (no per-step work without a budget)
                 st.budget_stop = stop.budget_spent(st.step, self.algo.comm.as_metrics()["comm_bytes"], st.elapsed())
                 if st.budget_stop is not None:  # the run ends here: _finish evaluates and checkpoints it
@@ -207,14 +207,14 @@ class Trainer:
     def _train_step(self, x: torch.Tensor, y: torch.Tensor, t0: float) -> None:
         st = self.state
         lr = self.schedule.apply(self.optimizer, st.step)
-        loss, correct = self.local.backward(x, y)
+        loss, hits = self.local.backward(x, y)
         self.imbalance.inject(st.step, time.perf_counter() - t0)
         self.algo.step(StepContext(step=st.step, epoch=st.epoch, loss=loss, lr=lr,
                                    optimizer_step=self.local.optimizer_step))
         self.optimizer.zero_grad(set_to_none=False)
         st.samples_seen += len(x) * self.plan.num_train_ranks
         if self.report:
-            self.report.train_batch(loss, correct, len(x), self.task.count(y))
+            self.report.train_batch(loss, hits, len(x))
 
     def _evaluate(self) -> tuple[dict[str, float], bool]:
         result, improved = self.evaluator.run(self.state)

@@ -52,14 +52,21 @@ class LocalStep:
             return model(self.compute.layout(x))
 
     def backward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Gradients of the batch's mean loss in `.grad`; returns (mean loss, right predictions:
-        samples, or next tokens). Micro-batches are weighted by their samples (a text window
-        holds as many tokens as any other, so this is the mean over tokens too)."""
+        """Gradients of the batch's mean loss in `.grad`; returns (mean loss, which predictions
+        were right: `Task.hits`, one entry per sample or next token). Micro-batches are weighted
+        by their samples (a text window holds as many tokens as any other, so this is the mean
+        over tokens too)."""
         dev = self.ctx.device
         x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
-        self.model.train()
+        if not self.model.training:  # (every evaluation restores the mode, recursively: not walked each step)
+            self.model.train()
+        if len(x) <= self.micro:  # one micro-batch (the usual case): no accumulation to pay for
+            logits = self.forward(self.compute.train_module, x)
+            loss = self.task.loss(logits, y, self.label_smoothing)
+            self.scaler.scale(loss).backward()
+            return loss.detach(), self.task.hits(logits, y)
         loss_sum = torch.zeros((), device=dev)
-        correct = torch.zeros((), device=dev, dtype=torch.long)
+        hits = []
         chunks = list(zip(x.split(self.micro), y.split(self.micro)))
         for i, (xm, ym) in enumerate(chunks):
             logits = self.forward(self.compute.train_module, xm)
@@ -67,8 +74,8 @@ class LocalStep:
             with self.no_sync() if i < len(chunks) - 1 else nullcontext():
                 self.scaler.scale(loss * (len(xm) / len(x))).backward()
             loss_sum += loss.detach() * len(xm)
-            correct += self.task.correct(logits, ym)
-        return loss_sum / len(x), correct
+            hits.append(self.task.hits(logits, ym))
+        return loss_sum / len(x), torch.cat(hits)
 
     def optimizer_step(self) -> None:
         """The local update from the current `.grad` (what `StepContext.optimizer_step` runs)."""
