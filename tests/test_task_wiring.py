@@ -48,8 +48,12 @@ def recipes_by_world() -> dict[int, list[str]]:
 
 
 def one_step_each(rank: int, world: int, recipes: list[str], tmp: str) -> dict[str, Any]:
+    import engine.report.run_report as run_report
     from tests.support.harness import train_in_rank
 
+    # a run's plots cost about 0.25 s of CPU each (one or two per recipe, 56 recipes) and are
+    # another test's subject (test_a_language_model_run_reports_the_task_metrics): none drawn here
+    run_report.plot_run = run_report.plot_series = lambda *args, **kwargs: None
     out = {}
     for recipe in recipes:
         folder = recipe.split("/")[0]
