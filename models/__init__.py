@@ -85,15 +85,30 @@ def build_model(cfg: dict[str, Any], spec: DataSpec) -> nn.Module:
     return builder(**{p: given[p] for p in spec_params(builder)}, **model_options(cfg))
 
 
+#: a model up to this many parameters, for inputs up to CPU_CHECK_SIZE pixels a side, is checked
+#: by a real forward pass on the CPU (a few MB and milliseconds): on the meta device the first
+#: convolution's shape check imports torch's symbolic shapes (SymPy) and BatchNorm's decomposition
+#: torch._dynamo, seconds of the launching process's start-up for the default job (bench/startup.py)
+CPU_CHECK_PARAMS = 20_000_000
+CPU_CHECK_SIZE = 64
+
+
 def check_buildable(cfg: dict[str, Any], spec: DataSpec) -> None:
-    """Build the model on the meta device (no memory, no time) and pass it one meta batch of the
-    data's shape, so that a model that cannot be built, or cannot take this input size, is one
-    line before launch instead of a traceback on every rank."""
+    """Build the model and pass it one batch of two samples of the data's shape, so that a model
+    that cannot be built, or cannot take this input size, is one line before launch instead of a
+    traceback on every rank. Built on the meta device first (no memory, no time); a small model
+    at a small size is then run for real on the CPU (`CPU_CHECK_PARAMS`), a large one on meta.
+    The global RNG is left as it was (a run in this process seeds its own model later)."""
     check_model_config(cfg, spec)
     check_takes(cfg.get("name"), spec)
     try:
         with torch.device("meta"):
             model = build_model(cfg, spec)
+        small = (sum(p.numel() for p in model.parameters()) <= CPU_CHECK_PARAMS
+                 and getattr(spec, "image_size", 0) <= CPU_CHECK_SIZE)
+        device = "cpu" if small else "meta"
+        with torch.random.fork_rng(devices=[]), torch.device(device), torch.no_grad():
+            model = build_model(cfg, spec) if small else model
             out = model(spec.example_input(2))
     except UserError:
         raise

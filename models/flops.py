@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from core.spec import DataSpec
 from models import build_model
@@ -17,8 +16,12 @@ from models import build_model
 
 def train_flops_per_sample(cfg: dict[str, Any], spec: DataSpec, batch: int = 2) -> Optional[float]:
     """Forward + backward FLOPs of one sample (an image at the data's resolution, a signal, a
-    text window); None when the model cannot be run on the meta device (then a run reports no
-    MFU rather than failing)."""
+    text window); None when the model
+    cannot be run on the meta device (then a run reports no MFU rather than failing).
+    torch's counter is imported here: it brings Triton, which only a GPU run (MFU) needs, and
+    every rank and launching process imports this module through the model registry."""
+    from torch.utils.flop_counter import FlopCounterMode
+
     try:
         with torch.device("meta"):
             model = build_model(cfg, spec)

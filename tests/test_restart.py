@@ -105,15 +105,28 @@ def test_restart_loop_retries_failures_only_and_keeps_every_attempts_logs(tmp_pa
         assert len(calls) == (2 if codes == [1, 1, 0] else 1)
 
 
-def test_fault_summary_counts_lost_steps_from_the_failure_to_the_resume() -> None:
+def test_fault_summary_counts_lost_steps_and_recovery_from_the_fault_to_the_resume() -> None:
+    """Recovery starts when the fault fires (the kill at 110), not when the launching process
+    recorded the failure (111): the detection and the other ranks' teardown are part of it."""
     events = [{"event": "attempt", "attempt": 0, "restart": False, "time": 100.0},
               {"event": "kill", "spec": "kill 1@25", "step": 25, "attempt": 0, "time": 110.0},
               {"event": "failure", "attempt": 0, "step": 25, "time": 111.0},
               {"event": "attempt", "attempt": 1, "restart": True, "time": 111.5},
-              {"event": "resume", "attempt": 1, "step": 20, "time": 115.0}]
-    got = fault_summary(events, train_ranks=4, now=130.0)
-    assert (got["failures"], got["restarts"], got["faults_injected"]) == (1, 1, 1)
-    assert (got["steps_lost"], got["replica_steps_lost"], got["recover_s"], got["job_wall_s"]) == (5, 20, 4.0, 30.0)
+              {"event": "resume", "attempt": 1, "step": 20, "time": 115.0},
+              # attempt 1: a stall that thawed in time, then one the watch ended the attempt on
+              {"event": "stall", "spec": "stall 0@30:1", "step": 30, "attempt": 1, "time": 117.0},
+              {"event": "stall", "spec": "stall 1@34:60", "step": 34, "attempt": 1, "time": 119.0},
+              {"event": "failure", "attempt": 1, "step": 34, "time": 131.0},
+              {"event": "attempt", "attempt": 2, "restart": True, "time": 131.5},
+              {"event": "resume", "attempt": 2, "step": 30, "time": 134.0},
+              # attempt 2: a failure nothing injected (only its record's time is known)
+              {"event": "failure", "attempt": 2, "step": 41, "time": 140.0},
+              {"event": "attempt", "attempt": 3, "restart": True, "time": 140.5},
+              {"event": "resume", "attempt": 3, "step": 40, "time": 142.0}]
+    got = fault_summary(events, train_ranks=4, now=150.0)
+    assert (got["failures"], got["restarts"], got["faults_injected"]) == (3, 3, 3)
+    assert (got["steps_lost"], got["replica_steps_lost"]) == (5 + 4 + 1, 40)
+    assert got["recover_s_each"] == [5.0, 15.0, 2.0] and got["recover_s"] == 22.0 and got["job_wall_s"] == 50.0
 
 
 # ---- real runs ------------------------------------------------------------------------------------
@@ -141,6 +154,35 @@ def test_killed_wagma_rank_restarts_once_and_ends_as_a_straight_resumed_run(cli_
     assert json.loads((ref_dir / "summary.json").read_text())["resumed_from"] == 20
     for got, want in zip(models_at(run_dir, 40, 4), models_at(ref_dir, 40, 4)):
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+
+
+#: rank 1 killed after step 15, checkpoints every 10 steps, the run's first evaluation at step 15
+LOSS = ["launch.nproc=2", "train.max_steps=30", "checkpoint.every_steps=10", "checkpoint.every_epochs=null",
+        "train.eval_every_steps=15", "train.eval_every_epochs=null", "faults.kill=[1@15]", "launch.max_restarts=1",
+        "faults.restart_delay_s=0.5", "train.progress=false"]
+
+
+@pytest.mark.parametrize("algo", [["algo=allreduce"], ["algo=local_sgd", "algo.period=4"],
+                                  ["algo=diloco", "algo.inner_steps=4"]], ids=["allreduce", "local_sgd", "diloco"])
+def test_a_kill_between_checkpoints_loses_the_steps_since_the_one_before(algo: list[str], cli_env: dict,
+                                                                          tmp_path: Path) -> None:
+    """A kill at step 15 with checkpoints at 10 and 20 costs steps 11-15 on both ranks, whatever
+    the plugin. Step 15 is also an evaluation, the run's first and so a new best, whose checkpoint
+    used to be written before the fault fired: the job resumed at 15 and counted 0 steps lost
+    (faults_cpu's allreduce rows, issue 37). Recovery is timed from the kill, not from the
+    launching process's failure record, which comes after the other rank has been ended."""
+    run_dir = tmp_path / "run"
+    proc = run_cli([*algo, *LOSS, f"hydra.run.dir={run_dir}"], cli_env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_from"] == 10 and summary["steps"] == 30, summary
+    assert (summary["failures"], summary["restarts"], summary["faults_injected"]) == (1, 1, 1)
+    assert (summary["steps_lost"], summary["replica_steps_lost"]) == (5, 10), summary
+    events = FaultLog(run_dir).events()
+    kill, failure, resume = (next(e for e in events if e["event"] == kind) for kind in ("kill", "failure", "resume"))
+    assert (kill["rank"], kill["step"], failure["step"], resume["step"]) == (1, 15, 15, 10)
+    assert summary["recover_s_each"] == [round(resume["time"] - kill["time"], 3)]
+    assert summary["recover_s"] > round(resume["time"] - failure["time"], 3) and summary["recover_s"] >= 0.5
 
 
 def test_injected_stall_is_named_by_the_rank_watch(cli_env: dict, tmp_path: Path) -> None:

@@ -173,6 +173,9 @@ class Trainer:
                 st.budget_stop = stop.budget_spent(st.step, self.algo.comm.as_metrics()["comm_bytes"], st.elapsed())
                 if st.budget_stop is not None:  # the run ends here: _finish evaluates and checkpoints it
                     break
+            # before the step's evaluation and checkpoint: a fault at a step that also checkpoints
+            # (a new best) loses the work since the checkpoint before, as at any other step
+            self.faults.after_step(st.step)
             improved = False
             if self.evaluator.due(st.step, st.epoch, epoch_end):
                 with clock.paused():
@@ -180,7 +183,6 @@ class Trainer:
             if self.checkpointer.will_save(st, epoch_end, improved):
                 with clock.paused():
                     self.checkpointer.after_step(st, epoch_end, improved)
-            self.faults.after_step(st.step)
             reason = stop.reason(st.step)
             if reason is not None:
                 clock.pause()

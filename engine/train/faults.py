@@ -170,7 +170,11 @@ def fault_summary(events: list[dict[str, Any]], train_ranks: int, now: Optional[
     automatic restarts, faults injected, optimizer steps lost (the step a failed attempt reached
     minus the step the next attempt resumed at), replica-steps lost (times the training ranks,
     all of which redo them in a restart of the whole job), seconds from each failure to the
-    resumed training, and the job's wall-clock over every attempt (lost work and waits included)."""
+    resumed training, and the job's wall-clock over every attempt (lost work and waits included).
+
+    A failure begins when its fault fires (`failure_began`), not when the launching process has
+    seen it and ended the other ranks: that detection is part of the time to recover, and the
+    fault-tolerant supervisor counts from the kill too, so the two modes' recover_s compare."""
     now = time.time() if now is None else now
     failures = [e for e in events if e.get("event") == "failure"]
     steps_lost, recover = 0, []
@@ -180,7 +184,7 @@ def fault_summary(events: list[dict[str, Any]], train_ranks: int, now: Optional[
             continue
         if fail.get("step") is not None:
             steps_lost += max(0, int(fail["step"]) - int(nxt["step"]))
-        recover.append(round(nxt["time"] - fail["time"], 3))
+        recover.append(round(nxt["time"] - failure_began(events, fail), 3))
     attempts = [e for e in events if e.get("event") == "attempt"]
     return {
         "failures": len(failures),
@@ -192,3 +196,15 @@ def fault_summary(events: list[dict[str, Any]], train_ranks: int, now: Optional[
         "recover_s_each": recover,
         "job_wall_s": round(now - attempts[0]["time"], 3) if attempts else None,
     }
+
+
+def failure_began(events: list[dict[str, Any]], fail: dict[str, Any]) -> float:
+    """When the failed attempt's failure happened: its first kill (a killed rank ends the attempt),
+    else its last stall (one that outlasted the rank watch), else the launching process's record
+    (a failure nothing injected: only its detection time is known)."""
+    mine = [e for e in events if e.get("attempt") == fail.get("attempt") and e["time"] <= fail["time"]]
+    kills = [e["time"] for e in mine if e.get("event") == "kill"]
+    if kills:
+        return min(kills)
+    stalls = [e["time"] for e in mine if e.get("event") == "stall"]
+    return max(stalls) if stalls else fail["time"]
