@@ -8,9 +8,9 @@ re-launched job continues bit for bit where that checkpoint left it. What happen
 the other way: survivors go on without a restart.
 
 Not retried: success, a refused run (exit code 2: bad input stays bad), and a job the user
-stopped (a stop signal, during an attempt or between two: then no further attempt starts). Before each retry the previous attempt's rank files (logs, errors,
-exit codes, heartbeats) and metrics are moved to `logs/attempt_<k>/`, so no attempt overwrites
-what an earlier one wrote. Each attempt and each failure is appended to the fault log
+stopped (a stop signal, during an attempt or between two: then no further attempt starts).
+Before each retry the previous attempt's rank files (logs, errors, exit codes, heartbeats) and
+metrics are moved to `logs/attempt_<k>/`, so no attempt overwrites what an earlier one wrote. Each attempt and each failure is appended to the fault log
 (core.run_files.FaultLog), from which the reporting rank writes summary.json's counts.
 """
 from __future__ import annotations
