@@ -92,7 +92,7 @@ def build_plan(config: RunConfig, run_dir: RunDir, world_size: int, ranks_per_no
     hyper = hyper_params(config.optim, peak_lr(config.optim, batch.global_batch), config.train.grad_clip)
     algo.validate(config.algo, world_size, ranks_per_node, hyper)
     parse_faults(config.faults, world_size)
-    check_ft(config.ft, config.algo.name, algo.ft_refusal, config.launch, config.algo)
+    check_ft(config.ft, config.algo.name, algo.ft_refusal, config.launch, config.algo, replicas=world_size)
     samples = num_train_samples(config.data)
     if samples is not None and batch.global_batch > samples:
         raise UserError(f"launch.nproc={world_size}: {len(layout.train)} training ranks x batch {batch.per_rank} "

@@ -134,6 +134,10 @@ class Trainer:
                               **fault_summary(self.faults.log.events(), self.plan.num_train_ranks)})
         stop = self.stop = StopAgreement(cfg.train.stop_after, cfg.train.preempt_check_every, self.total_steps,
                                          Budget.of(cfg.train), self.plan.batch.per_rank * self.plan.num_train_ranks)
+        if self.ft_rounds is not None:  # replicas agree on a stop in their rounds (engine/rank/ft_rounds.py)
+            rounds = self.ft_rounds
+            rounds.stop_pending = lambda: stop.signal.received is not None
+            stop.agreement = lambda: rounds.stop_note
         stopped: Optional[str] = None
         try:
             stopped = None if stop.resumed_spent(st, cfg.train, self.reporting) else self._loop(stop)
