@@ -7,9 +7,10 @@
     python cli.py --cfg job                        # print the composed config
 
 Outside a launched rank, this plans the run (validating the config before anything starts), then
-re-executes itself through DeepSpeed's launcher (or torchrun) with the run directory fixed;
-inside a launched rank (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) it trains. See README.md
-and docs/architecture.md.
+re-executes itself through DeepSpeed's launcher (or torchrun) with the run directory fixed, or,
+with launch.launcher=fork, forks the ranks from this process (everything is imported and
+planned once); inside a launched rank (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) it trains.
+See README.md and docs/architecture.md.
 """
 from __future__ import annotations
 
@@ -29,9 +30,11 @@ from core.errors import USER_ERROR_EXIT, UserError, report_user_errors
 from core.run_files import stopped_message
 from core.rundir import RunDir
 from core.schema import config_error_line
+from data import preload as preload_data
 from engine.config import register_schemas
 from engine.drivers.ft_over_ssh import launch_over_ssh
 from engine.drivers.ft_supervisor import supervise
+from engine.drivers.fork_ranks import prepare_parent
 from engine.drivers.launcher import stall_after_s
 from engine.drivers.restart import launch_with_restarts
 from engine.drivers.run_lock import RunLock
@@ -53,12 +56,17 @@ def main(cfg: DictConfig) -> None:
     if cfg.get("table") is not None:
         with report_user_errors():
             sys.exit(run_table(cfg.table, run_dir.root))
+    if cfg.launch.launcher == Launcher.fork:
+        prepare_parent()  # before anything touches torch: the ranks are forked from this process
     with report_user_errors():
         if cfg.launch.no_ssh and not any(o.startswith("hydra.run.dir=") for o in hc.overrides.hydra):
             raise UserError("launch.no_ssh=true: give hydra.run.dir=PATH, the same on every node "
                             "(on storage they share), so that all nodes write one run")
         plan = preflight(cfg, run_dir)  # (its last line, on a GPU machine, says how ranks share the GPUs)
         launch_cfg = plan.config.launch
+        if plan.config.ft.enabled and launch_cfg.launcher == Launcher.fork:
+            raise UserError("launch.launcher=fork cannot be combined with ft.enabled=true (fault-tolerant mode "
+                            "starts and restarts every replica as its own process); use launch.launcher=deepspeed")
         lock = RunLock(run_dir)
         # node 0's cli.py owns a shared directory (in fault-tolerant mode over ssh, the one pdsh starts there)
         over_ssh = plan.config.ft.enabled and launch_cfg.hostfile and not launch_cfg.no_ssh
@@ -74,7 +82,13 @@ def main(cfg: DictConfig) -> None:
     elif _in_this_process(plan):
         code = entry.main(cfg, str(run_dir.root))
     else:
-        code = launch_with_restarts(plan, run_dir, list(hc.overrides.task))
+        def rank_body() -> int:  # a rank forked from here (launch.launcher=fork): what a launched rank runs
+            entry.exit_process(entry.main(cfg, str(run_dir.root)))
+
+        if plan.config.launch.launcher == Launcher.fork:
+            preload_data(plan.config.data)  # once here, shared by the forked ranks
+
+        code = launch_with_restarts(plan, run_dir, list(hc.overrides.task), rank_body)
     lock.release()
     note = stopped_message(run_dir) if code == 0 else None
     if note:

@@ -86,6 +86,12 @@ def num_train_samples(cfg: DataConfig) -> Optional[int]:
     return max(n - held, 0)
 
 
+def preload(cfg: DataConfig) -> None:
+    """What the data set lets the launching process compute once for ranks forked from it
+    (`DataSet.preload`; launch.launcher=fork)."""
+    DATASETS.get(cfg.name).preload(cfg)
+
+
 def check_data_on_disk(cfg: DataConfig) -> None:
     """Raise `UserError` when what the configured pipeline reads is missing: the prepared files
     (FFCV; DALI unless it reads the data set in place), naming the command that writes them, or

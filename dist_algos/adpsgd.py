@@ -23,6 +23,11 @@ every active/passive pair), as the authors' MPI baseline pairs even with odd ran
 
 Evaluation uses the average over all ranks (a copy); `finalize` applies what is pending and
 makes that average every rank's model.
+
+At 64 workers (docs/workers.md): 32 active and 32 passive ranks; each step is a perfect matching
+between them, cycling over all 32 x 32 active-passive pairs, so a worker meets the same partner
+every 32 steps and its model spreads as over a bipartite gossip graph. An odd world is refused
+before launch in one line.
 """
 from __future__ import annotations
 

@@ -31,6 +31,11 @@ synchronisation started (the workers keep training meanwhile), mixed with the lo
 Evaluation uses the global model (identical on every rank, no communication), with BatchNorm
 statistics per `bn` as in local SGD: `local` (worker 0's), `average` (averaged at every outer
 step), `recompute` (re-estimated for the global weights).
+
+At 64 workers (docs/workers.md): 64 replicas; the outer gradient is the mean of 64 workers'
+deltas after H inner steps each. No constraint on the world size; the outer learning rate and
+momentum (0.7, 0.9) are the paper's, chosen there at 8 replicas, and are not rescaled with the
+replicas here.
 """
 from __future__ import annotations
 

@@ -25,6 +25,10 @@ Evaluation (`eval_model`): `center` the centre variable (the reference tests it)
 workers' mean, both with BatchNorm statistics re-estimated on `bn_batches` training batches
 per rank and averaged; `local` rank 0's own weights on rank 0 only. Evaluation traffic is not
 counted.
+
+At 64 workers (docs/workers.md): alpha = beta / N = 0.43 / 64, so each worker is pulled towards
+the centre 16 times more weakly than at 4 workers while the centre still moves by beta towards
+the workers' mean; the elastic step is one all_reduce whatever N. Any world size.
 """
 from __future__ import annotations
 

@@ -37,6 +37,10 @@ code that evaluates rank 0), `average` averages them with the parameters at ever
 the estimates (QSR's procedure). The training state is never touched by an evaluation, so
 evaluating does not change the run. At the end `finalize` makes the real model that averaged,
 BN-settled model, so the final checkpoint is the model that was evaluated.
+
+At 64 workers (docs/workers.md): nothing but the average depends on the world size (one
+all_reduce per round, of one flat buffer); a round averages 64 models that drifted for H steps
+(QSR's H grows as the learning rate falls, whatever the world). Any world size.
 """
 from __future__ import annotations
 

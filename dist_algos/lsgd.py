@@ -29,6 +29,12 @@ evaluation time) with its own BatchNorm statistics, broadcast to every rank; `av
 world average of the weights with BN statistics re-estimated on `bn_batches` training batches
 per rank (the reference tested the node average after re-running the whole training set);
 `local` rank 0's own weights, evaluated on rank 0 only. Evaluation traffic is not counted.
+
+At 64 workers (docs/workers.md): `group_size` consecutive ranks form a group and must divide the
+world (refused before launch otherwise). Left null it is the launcher's ranks per node, so on one
+machine (launch.launcher=fork too) all 64 are one group and the local leader is off: only the
+global leader pulls. The recipes' groups of 2 make 32 groups whose leaders refresh every
+`local_period` steps, the global leader every `global_period`.
 """
 from __future__ import annotations
 

@@ -16,6 +16,12 @@ one. Every rank has as many in-peers as out-peers here, so the mixing is doubly 
 stays 1 up to rounding; it is still carried (and checkpointed), which is what keeps z unbiased
 should the graph lose that balance. Synchronous: a step waits for its in-peers' messages.
 Evaluation uses the average over all ranks (a copy); `finalize` makes it every rank's model.
+
+At 64 workers (docs/workers.md): the exponential graph has log2(64) = 6 distances (1, 2, ..., 32);
+with the recipes' 2 peers a worker pushes to 2 of them per step, the pair shifting by one distance
+a step, so every distance is used within 5 steps; traffic per worker stays num_peers models per
+step. More peers than distances
+(num_peers > ceil(log2 N)) is refused before launch in one line.
 """
 from __future__ import annotations
 

@@ -30,6 +30,12 @@ Their global average comes every 11th step (a limiter of 10); here every tau-th 
 the paper.
 Evaluation uses the global average of all ranks' weights and BatchNorm statistics (a copy;
 training is not changed), and `finalize` makes that average every rank's final model.
+
+At 64 workers (docs/workers.md): the world must be a power of two (recursive doubling) and the
+group size a power of two no larger than it; with the recipes' groups of G = 2 a step averages
+pairs, the partners cycling over the log2(64) = 6 hypercube distances, so 6 steps of pair averages
+make the exact mean (up to the local steps in between), and the global average every tau steps bounds the drift (the paper: G = 8 of 64,
+`algo.group_size=8`). Any other world or group size is refused before launch in one line.
 """
 from __future__ import annotations
 

@@ -112,6 +112,13 @@ class DataSet(ABC):
         set's own held-out split, which the runner reports as the *test* set; the validation
         split that selects is carved out of "train" by index (`data.split`)."""
 
+    def preload(self, cfg: DataConfig) -> None:
+        """Compute once, in the launching process, what every rank would otherwise compute alone
+        and keep in memory, so that ranks forked from it (`launch.launcher=fork`) share it
+        copy-on-write. Only work that gives the same bits in any process and starts no thread
+        pool (no parallel torch operation: forked ranks cannot use a pool started before the
+        fork): a generated set's numpy procedure, a text read from disk. Nothing by default."""
+
     def identity(self, cfg: DataConfig) -> dict[str, Any]:
         """Settings beyond the split's (`data.split.split_identity`) that change which samples a
         run reads (a generated set's size and seed): a resumed run must share them."""

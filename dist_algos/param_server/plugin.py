@@ -22,6 +22,13 @@ the worker exits with an error naming the server; a worker that dies is dropped 
 Evaluation is of the global model, on the serving ranks (each server contributes its shard, and
 the first server the mean of the workers' latest BatchNorm statistics, which ride along with each
 push to it). Checkpoints hold each server's shard and records, and each worker's memory.
+
+At 64 workers (docs/workers.md): S servers (`algo.servers`, 1 in the recipes) serve 64 workers
+on launch.nproc = 64 + S ranks (table=workers_cpu gives these rows `extra_ranks: 1`, so that they
+train on as many workers as the others); a server applies pushes as they arrive, so a reply is
+built on a model up to about 64 pushes newer than the one the gradient was taken at, and each
+server's links carry every worker's pushes and replies. Refused before launch: no rank left to
+train (servers >= world); at set-up: more servers than the model's parameter tensors.
 """
 from __future__ import annotations
 

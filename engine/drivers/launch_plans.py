@@ -1,8 +1,11 @@
-"""The four ways to launch a job's ranks, each a `LaunchPlan`: the command, its environment,
-and the watch over the ranks this process owns (docs/multinode.md).
+"""The five ways to launch a job's ranks, each a `LaunchPlan`: the command (or how to start the
+ranks without one), its environment, and the watch over the ranks this process owns
+(docs/multinode.md).
 
 - one machine (`local_plan`): DeepSpeed's per-node launcher (or torchrun) on localhost, on a
   free master port;
+- one machine, `launch.launcher=fork` (`fork_plan`): the same ranks forked from this process
+  (engine/drivers/fork_ranks.py), on a free master port;
 - `launch.hostfile` with ssh (`pdsh_plan`): DeepSpeed's runner starts every node over pdsh; the
   hosts are checked first (engine/launch/remote.py), the environment is exported through a
   DS_ENV_FILE, and the ranks of other hosts are signalled over ssh;
@@ -23,10 +26,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, Optional
 
 from core.errors import UserError
 from core.run_files import wait_for_launch_record, write_launch_record
 from core.rundir import SUPERVISED_ENV, RunDir
+from engine.drivers.fork_ranks import ForkedRanks, RankBody
 from engine.drivers.rank_watch import RankWatch
 from engine.launch.commands import free_port, launcher_command, launcher_env, multi_node_command, port_in_use
 from engine.launch.config import LaunchConfig, node_plan_of
@@ -37,21 +42,40 @@ from engine.launch.remote import probe_hosts, write_deepspeed_env
 
 @dataclass
 class LaunchPlan:
-    """One launch: the launcher command, its environment, and the watch over the ranks it owns."""
+    """One launch: the launcher command, its environment, and the watch over the ranks it owns.
+    `start`: how to start the ranks instead of running `cmd` (launch.launcher=fork); it takes the
+    signal the ranks must ignore (the job manager's, or None) and returns the process that stands
+    for the launcher (`pid`, `poll`, `wait`, `returncode`)."""
 
     cmd: list[str]
     env: dict[str, str]
     watch: RankWatch
+    start: Optional[Callable[[Optional[int]], Any]] = None
+
+
+def _local_port(cfg: LaunchConfig) -> int:
+    """launch.master_port if it is free here, else a free port."""
+    if cfg.master_port is not None and port_in_use(cfg.master_port):
+        raise UserError(f"launch.master_port={cfg.master_port} is in use on this machine; "
+                        "pick another port or leave it null")
+    return cfg.master_port or free_port(cfg.master_addr)
 
 
 def local_plan(cfg: LaunchConfig, run_dir: RunDir | Path, args: list[str]) -> LaunchPlan:
     """One machine: launch.nproc ranks on localhost, on launch.master_port or a free port."""
-    if cfg.master_port is not None and port_in_use(cfg.master_port):
-        raise UserError(f"launch.master_port={cfg.master_port} is in use on this machine; "
-                        "pick another port or leave it null")
-    port = cfg.master_port or free_port(cfg.master_addr)
-    return LaunchPlan(launcher_command(cfg, port, args), launcher_env(cfg),
+    return LaunchPlan(launcher_command(cfg, _local_port(cfg), args), launcher_env(cfg),
                       RankWatch(run_dir, local_ranks=set(range(cfg.nproc))))
+
+
+def fork_plan(cfg: LaunchConfig, run_dir: RunDir | Path, body: RankBody) -> LaunchPlan:
+    """One machine, launch.launcher=fork: launch.nproc ranks forked from this process, each running
+    `body` with the environment DeepSpeed's launcher would give it (engine/drivers/fork_ranks.py)."""
+    port, env = _local_port(cfg), launcher_env(cfg)
+
+    def start(ignore_signal: Optional[int]) -> ForkedRanks:
+        return ForkedRanks(cfg.nproc, cfg.master_addr, port, env, body, ignore_signal)
+
+    return LaunchPlan([], env, RankWatch(run_dir, local_ranks=set(range(cfg.nproc))), start)
 
 
 def pdsh_plan(cfg: LaunchConfig, run_dir: RunDir | Path, args: list[str]) -> LaunchPlan:

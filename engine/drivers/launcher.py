@@ -3,9 +3,10 @@ and supervise them until the job is over.
 
 cli.py, when it is not itself a launched rank, re-executes itself through the launcher with the
 run directory it resolved passed down (`hydra.run.dir=...`), so every rank writes into one run
-directory. `launch` picks one of the four launch plans (engine/drivers/launch_plans.py: one
-machine, pdsh, no-ssh per node, an emulated cluster; their commands and environment come from
-engine/launch/commands.py) and `run_launcher` supervises it:
+directory. `launch` picks one of the five launch plans (engine/drivers/launch_plans.py: one
+machine, the same ranks forked from this process (`launch.launcher=fork`), pdsh, no-ssh per
+node, an emulated cluster; their commands and environment come from engine/launch/commands.py)
+and `run_launcher` supervises it, forked ranks as launched ones:
 
 - signals (Ctrl-C, SIGTERM, SLURM's warning signal) are passed to the ranks as SIGUSR1, which
   makes them checkpoint at an agreed step and exit 0; a second signal ends the job. A file
@@ -29,10 +30,11 @@ from typing import Any, Callable, Optional
 
 from core.errors import USER_ERROR_EXIT, report_user_errors
 from core.rundir import RunDir
-from engine.drivers.launch_plans import emulated_plan, local_plan, no_ssh_plan, pdsh_plan
+from engine.drivers.fork_ranks import RankBody
+from engine.drivers.launch_plans import emulated_plan, fork_plan, local_plan, no_ssh_plan, pdsh_plan
 from engine.drivers.rank_watch import RankWatch, Stall
 from engine.launch.commands import script_args
-from engine.launch.config import LaunchConfig
+from engine.launch.config import Launcher, LaunchConfig
 from engine.launch.network import EmulatedCluster
 
 
@@ -53,7 +55,8 @@ def _job_manager_signal() -> Optional[tuple[int, Callable[[int, Optional[FrameTy
 
 
 def run_launcher(cmd: list[str], env: dict[str, str], run_dir: RunDir | Path, watch: Optional[RankWatch] = None,
-                 stall_s: Optional[float] = None, received: Optional[list[int]] = None) -> int:
+                 stall_s: Optional[float] = None, received: Optional[list[int]] = None,
+                 start: Optional[Callable[[Optional[int]], Any]] = None) -> int:
     """Run the launcher, forward stop signals to the ranks, and explain a failure in one line.
 
     The first stop signal (or a new stop_request file) is delivered as SIGUSR1 as soon as every
@@ -62,7 +65,8 @@ def run_launcher(cmd: list[str], env: dict[str, str], run_dir: RunDir | Path, wa
     step (its peers would otherwise wait in a collective until dist.timeout_s and then blame
     nobody). Once every rank has recorded a clean exit the job is over, whatever the launcher's
     own polling still takes. `received`: the stop signals that arrived are appended to it (a job
-    the user stopped is not restarted).
+    the user stopped is not restarted). `start`: starts the ranks instead of `cmd` (a launch
+    plan's, launch.launcher=fork), given the signal they must ignore.
     """
     run_dir = RunDir.of(run_dir)
     watch = watch or RankWatch(run_dir)
@@ -75,7 +79,7 @@ def run_launcher(cmd: list[str], env: dict[str, str], run_dir: RunDir | Path, wa
 
     received = [] if received is None else received
     pending = [False]  # a stop to deliver once the ranks are ready
-    launched: list[subprocess.Popen] = []  # (the handler is installed before the launcher starts)
+    launched: list[Any] = []  # a Popen, or fork's leader (the handler is installed before either starts)
 
     def on_signal(signum: int, frame: Optional[FrameType]) -> None:
         received.append(signum)
@@ -91,8 +95,11 @@ def run_launcher(cmd: list[str], env: dict[str, str], run_dir: RunDir | Path, wa
     stall: Optional[Stall] = None
     code: Optional[int] = None
     try:
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True,
-                                preexec_fn=child_setup if manager is not None else None)
+        if start is not None:
+            proc = start(manager[0] if manager is not None else None)
+        else:
+            proc = subprocess.Popen(cmd, env=env, start_new_session=True,
+                                    preexec_fn=child_setup if manager is not None else None)
         launched.append(proc)
         if len(received) > 1:  # stopped twice while it was being started
             os.killpg(proc.pid, signal.SIGTERM)
@@ -137,7 +144,7 @@ def run_launcher(cmd: list[str], env: dict[str, str], run_dir: RunDir | Path, wa
     return code
 
 
-def _end_group(proc: subprocess.Popen) -> None:
+def _end_group(proc: Any) -> None:
     """Kill the launcher and everything it started (its own session), and reap it."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -147,10 +154,11 @@ def _end_group(proc: subprocess.Popen) -> None:
 
 
 def launch(cfg: LaunchConfig, run_dir: RunDir | Path, overrides: list[str], stall_s: Optional[float] = None,
-           received: Optional[list[int]] = None) -> int:
+           received: Optional[list[int]] = None, body: Optional[RankBody] = None) -> int:
     """Start the job's ranks (or this node's share of them) and supervise them; the exit code.
     `stall_s`: how long a rank's heartbeat may be silent before the job is ended (None: never);
-    `received`: collects the stop signals that arrived (see `run_launcher`)."""
+    `received`: collects the stop signals that arrived (see `run_launcher`); `body`: what a rank
+    forked from this process runs (launch.launcher=fork: cli.py's rank entry)."""
     run_dir = RunDir.of(run_dir)
     args = script_args(run_dir, overrides)
     # launch.network: built here, removed when the launch ends however it ends (engine.launch.network)
@@ -158,13 +166,17 @@ def launch(cfg: LaunchConfig, run_dir: RunDir | Path, overrides: list[str], stal
     with report_user_errors(), network as cluster:
         if cluster is not None:
             plan = emulated_plan(cfg, run_dir, args, cluster)
+        elif not cfg.hostfile and cfg.launcher == Launcher.fork:
+            if body is None:
+                raise ValueError("launch.launcher=fork needs the ranks' body (cli.py passes engine.rank.entry's)")
+            plan = fork_plan(cfg, run_dir, body)
         elif not cfg.hostfile:
             plan = local_plan(cfg, run_dir, args)
         elif cfg.no_ssh:
             plan = no_ssh_plan(cfg, run_dir, args)
         else:
             plan = pdsh_plan(cfg, run_dir, args)
-        return run_launcher(plan.cmd, plan.env, run_dir, plan.watch, stall_s, received)
+        return run_launcher(plan.cmd, plan.env, run_dir, plan.watch, stall_s, received, plan.start)
 
 
 def stall_after_s(timeout_s: float) -> float:

@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional
 from core.errors import USER_ERROR_EXIT
 from core.run_files import ATTEMPT_ENV, FaultLog, read_step
 from core.rundir import RunDir
+from engine.drivers.fork_ranks import RankBody
 from engine.drivers.launcher import launch, stall_after_s
 
 #: launch one attempt: (attempt number, the list a stop signal's number is appended to) -> exit code
@@ -105,13 +106,14 @@ def _archive_attempt(run_dir: RunDir, attempt: int) -> None:
         shutil.copy2(run_dir.metrics, dest / run_dir.metrics.name)
 
 
-def launch_with_restarts(plan: Any, run_dir: RunDir, overrides: list[str]) -> int:
-    """Launch the planned job and supervise it, restarting it as `launch.max_restarts` allows."""
+def launch_with_restarts(plan: Any, run_dir: RunDir, overrides: list[str], body: Optional[RankBody] = None) -> int:
+    """Launch the planned job and supervise it, restarting it as `launch.max_restarts` allows;
+    `body`: what a forked rank runs (launch.launcher=fork)."""
     cfg = plan.config
     stall_s = stall_after_s(cfg.dist.timeout_s)
 
     def attempt(_: int, received: list[int]) -> int:
-        return launch(cfg.launch, run_dir, overrides, stall_s, received)
+        return launch(cfg.launch, run_dir, overrides, stall_s, received, body)
 
     if not cfg.launch.max_restarts and not cfg.faults.active:
         # nothing to restart or inject: launch once and write no fault log (a plain run's run

@@ -6,12 +6,18 @@ files, and each would report the other's rank failures. The launching cli.py tak
 ends in any way (even kill -9), so a lock left by a dead run is simply taken over. Because ranks
 outlive a killed cli.py (they finish the job and write its summary), a directory whose ranks are
 still alive on this machine is refused as well, even without a lock holder.
+
+A process forked from the holder (launch.launcher=fork's ranks) would share the lock's open file
+and keep the directory locked after cli.py is killed; ranks started by DeepSpeed's launcher do
+not hold it (their file descriptors are closed at exec). So a forked child closes its copy at
+once (`os.register_at_fork`): the lock stays the parent's alone, as under the launcher.
 """
 from __future__ import annotations
 
 import fcntl
 import os
 import time
+import weakref
 from typing import IO, Optional
 
 from core.errors import UserError
@@ -20,7 +26,7 @@ from engine.launch.procs import runs_cli
 
 
 class RunLock:
-    """Held from `acquire()` until `release()` or the end of this process."""
+    """Held from `acquire()` until `release()` or the end of this process (never by its forked children)."""
 
     def __init__(self, run_dir: RunDir) -> None:
         self.run_dir = run_dir
@@ -50,6 +56,7 @@ class RunLock:
         fh.write(f"{os.getpid()} {os.uname().nodename} {time.time():.0f}\n")
         fh.flush()
         self._fh = fh
+        _HELD.add(self)
         return self
 
     def release(self) -> None:
@@ -57,6 +64,26 @@ class RunLock:
             fcntl.flock(self._fh, fcntl.LOCK_UN)
             self._fh.close()
             self._fh = None
+
+
+    def _forget(self) -> None:
+        """In a forked child: close this process's copy of the lock file without unlocking it
+        (the lock belongs to the open file, which the parent keeps)."""
+        if self._fh is not None:
+            self._fh.close()  # no LOCK_UN: that would unlock the parent's lock too
+            self._fh = None
+
+
+_HELD: "weakref.WeakSet[RunLock]" = weakref.WeakSet()
+
+
+def _forget_in_child() -> None:
+    for lock in list(_HELD):
+        lock._forget()
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def describe(holder: str) -> str:

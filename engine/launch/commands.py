@@ -7,7 +7,9 @@ fault-tolerant supervisor, its launch over ssh, the lighthouse) build and start.
   `launcher_env`);
 - command lines: cli.py's arguments for a launched process (`script_args`), DeepSpeed's (or
   torchrun's) single-machine launch (`launcher_command`) and its multi-node runner
-  (`multi_node_command`).
+  (`multi_node_command`);
+- a forked rank's place (`forked_rank_env`): what DeepSpeed's per-node launcher puts in the
+  environment of rank r on one machine, which `launch.launcher=fork` sets in the forked process.
 
 Nothing here starts a process or watches one; that is engine/drivers/launcher.py's loop.
 """
@@ -107,6 +109,16 @@ def launcher_env(cfg: LaunchConfig, ranks_here: Optional[int] = None, cpus: Opti
         env.setdefault("DS_ACCELERATOR", "cpu")
     env.setdefault("PYTHONPATH", str(REPO))
     return env
+
+
+def forked_rank_env(nproc: int, master_addr: str, port: int, rank: int) -> dict[str, str]:
+    """The variables DeepSpeed's per-node launcher (deepspeed.launcher.launch) sets for rank `rank`
+    of a one-machine job of `nproc` ranks, on top of `launcher_env`'s: a forked rank gets exactly
+    these, so that it takes its place, device and thread count as a launched one does (tests
+    compare the two against DeepSpeed's own code)."""
+    return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(nproc))), "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(port), "WORLD_SIZE": str(nproc), "CROSS_RANK": "0", "CROSS_SIZE": "1",
+            "LOCAL_SIZE": str(nproc), "RANK": str(rank), "LOCAL_RANK": str(rank)}
 
 
 def script_args(run_dir: RunDir, overrides: list[str]) -> list[str]:

@@ -1,6 +1,8 @@
 """The `launch` config section: how cli.py starts the ranks when it is not itself one.
 
-One machine: `launch.nproc` ranks through DeepSpeed's launcher (or torchrun). Several machines:
+One machine: `launch.nproc` ranks through DeepSpeed's launcher (or torchrun), or forked from
+cli.py itself (`launch.launcher=fork`: the same ranks without an interpreter, a Hydra
+composition and the imports per rank; engine/drivers/fork_ranks.py). Several machines:
 `launch.hostfile` (DeepSpeed's format, see hostfile.example) through DeepSpeed's multi-node
 runner, over pdsh and ssh by default, or with `launch.no_ssh=true` by running the same command on
 every node with its `launch.node_rank` (what slurm/syncopt.sbatch does). docs/multinode.md has
@@ -27,6 +29,9 @@ CPU_DEFAULT_NPROC = 4
 class Launcher(enum.StrEnum):
     deepspeed = "deepspeed"
     torchrun = "torchrun"
+    # one machine's ranks forked from cli.py once it has planned and imported (copy-on-write):
+    # seconds instead of minutes at 64 ranks, bit for bit the launcher's run (docs/multinode.md)
+    fork = "fork"
     none = "none"  # train in this process
 
 

@@ -40,6 +40,26 @@ class TableLauncher(enum.StrEnum):
     slurm = "slurm"  # rows submitted as Hydra multiruns through the submitit launcher
 
 
+class WorkerBatch(enum.StrEnum):
+    # each worker keeps its recipe's train.batch_size: the global batch grows with the workers,
+    # and the learning rate follows each recipe's rule (its optim.lr, or lr x global batch / B
+    # where the recipe sets optim.scale_lr_with_batch=B)
+    per_worker = "per_worker"
+    # train.global_batch_size=workers.global_batch for every count: each worker takes its share
+    global_constant = "global_constant"
+
+
+@dataclass
+class WorkersAxis(Section):
+    """The number of training workers as an axis of the table (docs/workers.md): every row runs at
+    each count, `launch.nproc` = the count plus the row's `extra_ranks` (a parameter server's)."""
+
+    counts: list[int] = field(default_factory=list)  # training workers; [] : no axis
+    batch: WorkerBatch = WorkerBatch.per_worker
+    global_batch: Optional[int] = option(None, ge=1)  # batch=global_constant: the global batch at every count
+    quick_counts: list[int] = field(default_factory=list)  # the quick form's counts ([]: the first count)
+
+
 @dataclass
 class RowConfig(Section):
     label: str
@@ -54,6 +74,9 @@ class RowConfig(Section):
     # the table's variants this row runs under (null: all). A one-process row has no partition to
     # skew: head_to_head_cpu runs msgd under `iid` only
     variants: Optional[list[str]] = None
+    # ranks beyond the training workers on the workers axis: a parameter-server row's servers
+    # (launch.nproc = workers + extra_ranks, so that every row trains on the same number of workers)
+    extra_ranks: int = option(0, ge=0)
 
 
 @dataclass
@@ -120,6 +143,10 @@ class TableConfig(Section):
     # composed config's model, data, epochs, global batch and ranks, msgd on one process
     row_constraints: dict[str, Any] = field(default_factory=dict)
     variants: dict[str, list[str]] = field(default_factory=dict)  # name -> overrides; rows x variants
+    workers: WorkersAxis = field(default_factory=WorkersAxis)  # rows x numbers of workers (docs/workers.md)
+    # start every row's ranks with launch.launcher=fork (forked from cli.py: 64 ranks in seconds,
+    # the launcher's run bit for bit; docs/workers.md); a row's own launch.launcher still wins
+    fork: bool = False
     quick: bool = False  # quick_rows, the first seed, no tuning, quick_overrides: a test/CI form
     quick_rows: list[str] = field(default_factory=list)
     quick_overrides: list[str] = field(default_factory=list)
@@ -134,7 +161,7 @@ CPU_RECIPES = RECIPES / "cpu"  # every algorithm's own CPU recipe on the default
 TASK_FILE = "_task.yaml"  # in recipes/cpu_<task>/: the task those files put cpu/'s methods on
 
 
-PLOTS = ("accuracy", "intervals", "pareto", "throughput", "wall", "levels")  # engine/tables/plots.py draws
+PLOTS = ("accuracy", "intervals", "pareto", "throughput", "wall", "levels", "workers")  # engine/tables/plots.py draws
 
 
 def algorithm_rows(folder: Path = CPU_RECIPES) -> list[RowConfig]:
@@ -156,10 +183,43 @@ def algorithm_rows(folder: Path = CPU_RECIPES) -> list[RowConfig]:
     return [RowConfig(label=name, recipe=f"{folder.name}/{name}") for name in [*algos, *methods]]
 
 
+def worker_overrides(axis: WorkersAxis, workers: int, row: RowConfig) -> list[str]:
+    """A row's overrides at `workers` training workers under the table's batch rule."""
+    found = [f"launch.nproc={workers + row.extra_ranks}"]
+    if axis.batch == WorkerBatch.global_constant:
+        found.append(f"train.global_batch_size={axis.global_batch}")
+    return found
+
+
+def _check_workers(table: TableConfig) -> None:
+    axis = table.workers
+    if not axis.counts:
+        if axis.quick_counts or axis.global_batch is not None:
+            raise UserError(f"table {table.name}: workers.quick_counts and workers.global_batch need workers.counts")
+        return
+    if any(n < 1 for n in axis.counts) or len(set(axis.counts)) != len(axis.counts):
+        raise UserError(f"table {table.name}: workers.counts={list(axis.counts)} must be distinct counts of at least 1")
+    if not set(axis.quick_counts) <= set(axis.counts):
+        raise UserError(f"table {table.name}: workers.quick_counts={list(axis.quick_counts)} must be among "
+                        f"workers.counts={list(axis.counts)}")
+    if axis.batch == WorkerBatch.global_constant:
+        if axis.global_batch is None:
+            raise UserError(f"table {table.name}: workers.batch=global_constant needs workers.global_batch=N "
+                            "(the global batch every count shares)")
+        bad = [n for n in axis.counts if axis.global_batch % n]
+        if bad:
+            raise UserError(f"table {table.name}: workers.global_batch={axis.global_batch} is not divisible by "
+                            f"{bad[0]} workers; pick a global batch every count divides")
+    elif axis.global_batch is not None:
+        raise UserError(f"table {table.name}: workers.global_batch={axis.global_batch} is read with "
+                        "workers.batch=global_constant only (per_worker keeps each recipe's train.batch_size)")
+
+
 def expand_rows(table: TableConfig) -> TableConfig:
     """The rows the table runs: listed rows, every-algorithm rows (a listed row with the same label
-    replaces its algorithm's), each under every variant (label `<row>@<variant>`, baseline the variant's baseline),
-    the table-wide budget, and the quick form."""
+    replaces its algorithm's), each at every number of workers (label `<row>.w<N>`, baseline the
+    baseline at N, `x` = N, `series` = the row), each under every variant (label
+    `<row>@<variant>`, baseline the variant's baseline), the table-wide budget, and the quick form."""
     rows = list(table.rows)
     if table.every_algorithm:  # registry order; a listed row takes its algorithm's place
         listed = {r.label: r for r in rows}
@@ -178,6 +238,16 @@ def expand_rows(table: TableConfig) -> TableConfig:
             raise UserError(f"table {table.name}: budget key {key} is not train.budget_samples, "
                             f"train.budget_bytes or train.budget_wall_s")
     baseline = table.baseline
+    comparisons = table.comparisons
+    _check_workers(table)
+    if table.workers.counts:
+        counts = (table.workers.quick_counts or table.workers.counts[:1]) if table.quick else table.workers.counts
+        rows = [replace(r, label=f"{r.label}.w{n}", overrides=[*r.overrides, *worker_overrides(table.workers, n, r)],
+                        baseline=f"{r.baseline or baseline}.w{n}" if (r.baseline or baseline) else None,
+                        x=float(n), series=r.series or r.label)
+                for r in rows for n in counts]
+        baseline = None  # per row now
+        comparisons = [[f"{a}.w{n}", f"{b}.w{n}"] for a, b in comparisons for n in counts]
     if table.variants:
         for r in rows:
             unknown = sorted(set(r.variants or []) - set(table.variants))
@@ -189,19 +259,37 @@ def expand_rows(table: TableConfig) -> TableConfig:
                         series=r.series or r.label)
                 for name, extra in table.variants.items() for r in rows if r.variants is None or name in r.variants]
         baseline = None  # per row now
-    overrides = [*table.overrides, *budget, *(table.quick_overrides if table.quick else [])]
+    overrides = [*table.overrides, *(["launch.launcher=fork"] if table.fork else []), *budget,
+                 *(table.quick_overrides if table.quick else [])]
     seeds = table.seeds[:1] if table.quick else table.seeds
-    comparisons = table.comparisons
     if table.quick:  # the declared comparisons of the rows the quick form keeps
         kept = {row_name(r.label) for r in rows}
         comparisons = [pair for pair in comparisons if all(row_name(name) in kept for name in pair)]
     return replace(table, rows=rows, overrides=overrides, seeds=seeds, baseline=baseline,
-                   tune={} if table.quick else table.tune, comparisons=comparisons)
+                   tune={} if table.quick else table.tune, comparisons=comparisons,
+                   x_label=table.x_label or ("training workers" if table.workers.counts else ""))
 
 
 def row_name(label: str) -> str:
     """A label without its `@variant`."""
     return label.partition("@")[0]
+
+
+def batch_rule(table: TableConfig) -> str:
+    """The workers axis's batch rule in words, for table.md ("" without the axis)."""
+    axis = table.workers
+    if not axis.counts:
+        return ""
+    counts = ", ".join(str(n) for n in sorted({int(r.x) for r in table.rows if r.x is not None}))
+    if axis.batch == WorkerBatch.global_constant:
+        rule = (f"the global batch is {axis.global_batch} at every count (train.global_batch_size): each worker "
+                f"takes {axis.global_batch} / N samples per step, and the learning rate is the recipe's")
+    else:
+        rule = ("each worker keeps its recipe's batch (train.batch_size), so the global batch grows with the "
+                "workers; the learning rate follows each recipe's rule (its optim.lr, or lr x global batch / B "
+                "where the recipe sets optim.scale_lr_with_batch=B)")
+    return (f"Workers axis: every row at {counts} training workers (label `<row>.w<N>`; launch.nproc = N plus "
+            f"the row's extra ranks, a parameter server's). Batch rule: {rule}.")
 
 
 def row_grid(table: TableConfig, row: RowConfig) -> dict[str, list[Any]]:

@@ -11,7 +11,10 @@
 - throughput: samples/s per row as bars (WAGMA under load imbalance);
 - wall: test accuracy against wall-clock seconds (what a shorter training time buys);
 - speedup:<metric>: each row's <metric> over its baseline row's, against the rows' `x` (e.g. the
-  link's bandwidth), one line per `series` (DGS's scalability figure).
+  link's bandwidth), one line per `series` (DGS's scalability figure);
+- workers: the headline metric and the bytes sent (all ranks, whole run) against the number of
+  training workers (the table's `workers` axis), one line per method, 95% error bars over seeds,
+  one row of panels per variant: which methods hold their accuracy as workers grow, at what cost.
 """
 from __future__ import annotations
 
@@ -105,6 +108,8 @@ def draw_table_plots(table: Any, records: list[dict[str, Any]], out: Path) -> li
             path = out / "accuracy_wall.png"
         elif plot.startswith("speedup:"):
             fig, path = _speedup(plt, table, records, plot.split(":", 1)[1], out)
+        elif plot == "workers":
+            fig, path = _workers_figure(plt, table, records), out / "workers.png"
         elif plot == "throughput":
             fig, ax = plt.subplots(figsize=(8, 4))
             ok = [r for r in records if r.get("samples_per_s")]
@@ -312,6 +317,58 @@ def _speedup(plt: Any, table: Any, records: list[dict[str, Any]], metric: str, o
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig, out / f"speedup_{metric}.png"
+
+
+def workers_series(records: list[dict[str, Any]], key: str, variant: str) -> dict[str, list[tuple[float, float, float]]]:
+    """series -> (workers, mean `key`, its 95% half-width or 0) sorted by workers, for the rows of
+    one variant that have `x` (the workers axis) and a value."""
+    found: dict[str, list[tuple[float, float, float]]] = {}
+    for rec in records:
+        value = rec.get(key)
+        if rec.get("x") is None or variant_of(rec["label"]) != variant or not isinstance(value, (int, float)):
+            continue
+        found.setdefault(row_of(rec["series"]), []).append((float(rec["x"]), float(value),
+                                                            float(rec.get(f"{key}_ci95") or 0.0)))
+    return {name: sorted(points) for name, points in found.items()}
+
+
+def _workers_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> Any:
+    """The headline metric (left) and MB sent (right, log) against training workers (log 2), one
+    line per method, one row of panels per variant; error bars are 95% intervals over seeds
+    (an accuracy's with the test set's floor, cut at 0 and 1)."""
+    metric = table.compare_metric
+    low, high = _bounds(metric)
+    variants = variants_in([r["label"] for r in records])
+    fig, axes = plt.subplots(len(variants), 2, figsize=(13, 4.2 * len(variants)), squeeze=False,
+                             layout="constrained")
+    bars = " (mean, 95% interval over seeds)" if len(table.seeds) > 1 else ""
+    handles: dict[str, Any] = {}
+    for row, variant in enumerate(variants):
+        acc_ax, bytes_ax = axes[row]
+        for name, points in workers_series(records, metric, variant).items():
+            err = list(zip(*(clipped_error(m, h, low, high) for _, m, h in points)))
+            line = acc_ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=err, fmt="o-", ms=3,
+                                   capsize=2, label=name)
+            handles.setdefault(name, line)
+        for name, points in workers_series(records, "comm_bytes", variant).items():
+            bytes_ax.errorbar([p[0] for p in points], [max(p[1] / 1e6, 1e-3) for p in points],
+                              yerr=[p[2] / 1e6 for p in points], fmt="o-", ms=3, capsize=2, label=name)
+        where = f" ({variant})" if variant else ""
+        acc_ax.set(xscale="log", xlabel=table.x_label or "training workers", ylabel=f"final {_label(metric)}" + bars)
+        acc_ax.set_title(f"{_label(metric)} against workers{where}", fontsize=9)
+        bytes_ax.set(xscale="log", yscale="log", xlabel=table.x_label or "training workers",
+                     ylabel="MB sent (all ranks, whole run)")
+        bytes_ax.set_title(f"communication against workers{where}", fontsize=9)
+        for ax in (acc_ax, bytes_ax):
+            counts = sorted({p[0] for pts in workers_series(records, metric, variant).values() for p in pts})
+            if counts:
+                ax.set_xticks(counts, [f"{c:g}" for c in counts])
+                ax.minorticks_off()
+            ax.grid(lw=0.3)
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="outside right center", fontsize=8)
+    fig.suptitle(_title(table, f"{_label(metric)} and bytes against workers", width=140), fontsize=10)
+    return fig
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:

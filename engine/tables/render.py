@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from engine.tables.compare import Comparison, Family, build_family
-from engine.tables.config import TableConfig, headline, row_dir, row_grid, target, tie_seeds
+from engine.tables.config import TableConfig, batch_rule, headline, row_dir, row_grid, target, tie_seeds
 from engine.tables.measure import evaluation_set, is_proportion, sign
 from engine.tables.runs import TASK_METRICS, Summary, read_runs, set_size
 from engine.tables.runs import to_target as _to_target
@@ -328,6 +328,8 @@ def render_markdown(table: TableConfig, records: list[dict[str, Any]], tuned: Op
     lines = [f"# Quick form (table.quick=true) of: {title}" if table.quick else f"# {title}", ""]
     if table.description:
         lines += [table.description.strip(), ""]
+    if batch_rule(table):
+        lines += [batch_rule(table), ""]
     if target(table) is not None and {"time_to_target_s", "bytes_to_target"} & set(table.columns):
         lines += [f"time_to_target_s, bytes_to_target: wall-clock and bytes sent (all ranks) of the run at its "
                   f"first evaluation with {table.target_metric} reaching {target(table):g}.", ""]

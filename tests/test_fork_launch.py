@@ -1,0 +1,222 @@
+"""`launch.launcher=fork`: the ranks forked from cli.py run the launcher's run, bit for bit, and
+everything around them (the rank watch, stop signals, the run lock, resume) behaves as under
+DeepSpeed's launcher (engine/drivers/fork_ranks.py, docs/multinode.md)."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from core.run_files import read_step
+from engine.drivers.fork_ranks import check_fork_safe
+from engine.launch.commands import forked_rank_env
+from engine.launch.procs import alive
+from tests.test_cli import REPO, error_line, run_cli
+from tests.test_faults import newest_complete, start_cli, wait_for
+from tests.test_resume_registry import diff
+
+# a short digits job: a final checkpoint and evaluation only; dist.device=cpu keeps a GPU machine's
+# ranks on the CPU, where the two starts must agree to the last bit
+SHORT = ["train.max_steps=12", "train.eval_every_epochs=null", "checkpoint.every_epochs=null", "train.progress=false",
+         "dist.device=cpu"]
+ALGOS = {
+    "allreduce": ["algo=allreduce"],
+    "local_sgd": ["algo=local_sgd", "algo.period=4"],
+    "wagma": ["algo=wagma", "algo.group_size=2", "algo.global_period=3", "algo.wait_avoiding=false"],
+    "dgs": ["algo=dgs", "algo.serving=round_robin"],
+}
+FORK = ["launch.launcher=fork"]
+
+
+def final_states(run_dir: Path, world: int) -> list[dict]:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    step = summary["steps"]
+    return [torch.load(run_dir / "checkpoints" / f"step_{step:08d}" / f"rank_{r}.pt", weights_only=True)
+            for r in range(world)]
+
+
+def assert_same_states(a: Path, b: Path, world: int) -> None:
+    for rank, (x, y) in enumerate(zip(final_states(a, world), final_states(b, world))):
+        d = diff(x, y)
+        assert not d, f"rank {rank}: the final checkpoints of {a.name} and {b.name} differ at {d[:10]}"
+
+
+def run_ok(args: list[str], env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
+    proc = run_cli(args, env, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.parametrize("algo", list(ALGOS))
+def test_fork_and_launcher_give_bit_identical_final_states(algo: str, cli_env: dict, tmp_path: Path) -> None:
+    args = [*SHORT, *ALGOS[algo], "launch.nproc=4"]
+    run_ok([*args, f"hydra.run.dir={tmp_path / 'launcher'}"], cli_env)
+    run_ok([*args, *FORK, f"hydra.run.dir={tmp_path / 'fork'}"], cli_env)
+    assert_same_states(tmp_path / "launcher", tmp_path / "fork", 4)
+    a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("launcher", "fork"))
+    assert (a["test_acc"], a["test_loss"], a["comm_bytes"]) == (b["test_acc"], b["test_loss"], b["comm_bytes"])
+
+
+@pytest.mark.slow
+def test_sixteen_forked_ranks_equal_sixteen_launched(cli_env: dict, tmp_path: Path) -> None:
+    args = [*SHORT, "train.max_steps=6", *ALGOS["allreduce"], "launch.nproc=16"]
+    run_ok([*args, f"hydra.run.dir={tmp_path / 'launcher'}"], cli_env)
+    run_ok([*args, *FORK, f"hydra.run.dir={tmp_path / 'fork'}"], cli_env)
+    assert_same_states(tmp_path / "launcher", tmp_path / "fork", 16)
+
+
+def test_resume_across_the_two_starts_is_exact(cli_env: dict, tmp_path: Path) -> None:
+    """A run stopped under one start and resumed under the other ends where a straight run ends:
+    the checkpoint is the same format, the ranks the same code."""
+    args = [*SHORT, *ALGOS["local_sgd"], "launch.nproc=4"]
+    run_ok([*args, *FORK, f"hydra.run.dir={tmp_path / 'straight'}"], cli_env)
+    for first, then, name in ((FORK, [], "fork_then_launcher"), ([], FORK, "launcher_then_fork")):
+        run_dir = tmp_path / name
+        run_ok([*args, *first, "train.stop_after=5", f"hydra.run.dir={run_dir}"], cli_env)
+        assert newest_complete(run_dir).step == 5
+        run_ok([*args, *then, f"hydra.run.dir={run_dir}"], cli_env)
+        assert json.loads((run_dir / "summary.json").read_text())["resumed_from"] == 5
+        assert_same_states(tmp_path / "straight", run_dir, 4)
+
+
+LONG = ["train.max_steps=100000", "train.eval_every_epochs=null", "checkpoint.every_steps=20",
+        "checkpoint.every_epochs=null", "train.progress=false", "launch.nproc=4", *FORK]
+
+
+def pid_of(run_dir: Path, rank: int) -> int:
+    return int((run_dir / "logs" / f"rank_{rank}.pid").read_text().split()[0])
+
+
+def test_a_killed_forked_rank_is_named_with_its_log(cli_env: dict, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = start_cli([*LONG, f"hydra.run.dir={run_dir}"], cli_env)
+    try:
+        wait_for(lambda: (m := newest_complete(run_dir)) is not None and m.step >= 20, 240, "a checkpoint")
+        os.kill(pid_of(run_dir, 2), signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    # (the survivors log their lost peer, with its traceback, as under the launcher)
+    line = next(ln for ln in stderr.splitlines() if ln.startswith("syncopt: error:"))
+    # as under DeepSpeed's launcher: the rank, why, the launcher's exit code (sys.exit(-9)) and the log
+    assert proc.returncode == 247, stderr[-2000:]
+    assert ("rank 2 failed: its process ended without an error (killed or crashed)" in line
+            and "launcher exit code 247" in line and f"log: {run_dir / 'logs' / 'rank_2.log'}" in line), line
+    assert not any(alive(pid_of(run_dir, r)) for r in range(4)), "the other ranks must be gone with the job"
+
+
+def test_sigterm_then_resume_and_a_stall_under_fork(cli_env: dict, tmp_path: Path) -> None:
+    """The first stop signal checkpoints at an agreed step and exits 0, the same command resumes;
+    a rank frozen with SIGSTOP is named with its step by the heartbeat watch."""
+    run_dir = tmp_path / "run"
+    args = [*SHORT, "train.max_steps=400", "launch.nproc=2", *FORK, f"hydra.run.dir={run_dir}"]
+    proc = start_cli(args, cli_env)
+    try:
+        wait_for(lambda: (read_step(run_dir / "logs" / "rank_1.progress") or 0) > 0, 240, "training to start")
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr[-2000:]
+    stopped = newest_complete(run_dir)
+    assert stopped is not None and 0 < stopped.step < 400 and stopped.extra["reason"] == "signal"
+    assert "run the same command to continue" in stderr
+    again = run_cli(args, cli_env)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads((run_dir / "summary.json").read_text())["resumed_from"] == stopped.step
+
+    stall_dir, timeout_s = tmp_path / "stall", 20
+    proc = start_cli([*LONG, "launch.nproc=2", f"dist.timeout_s={timeout_s}", f"hydra.run.dir={stall_dir}"], cli_env)
+    pid = None
+    try:
+        wait_for(lambda: (read_step(stall_dir / "logs" / "rank_1.progress") or 0) > 0, 240, "training to start")
+        pid = pid_of(stall_dir, 1)
+        os.kill(pid, signal.SIGSTOP)
+        _, stderr = proc.communicate(timeout=timeout_s + 60)
+    finally:
+        proc.kill()
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    line = error_line(subprocess.CompletedProcess([], 1, "", stderr))
+    assert proc.returncode == 1 and "rank 1 stopped making progress at step" in line and "stopped state" in line, line
+
+
+def test_forked_ranks_do_not_hold_the_run_lock(cli_env: dict, tmp_path: Path) -> None:
+    """A busy directory is refused naming the running cli.py; once that cli.py is killed (-9), its
+    forked ranks, which go on as launched ones would, do not keep the lock: a new run is refused
+    naming them as live ranks, and is taken once they are gone."""
+    run_dir = tmp_path / "run"
+    args = [*LONG, "launch.nproc=2", f"hydra.run.dir={run_dir}"]
+    first = start_cli(args, cli_env)
+    pids: list[int] = []
+    try:
+        wait_for(lambda: (read_step(run_dir / "logs" / "rank_1.progress") or 0) > 0, 240, "training to start")
+        second = run_cli(args, cli_env, timeout=120)
+        assert second.returncode == 2 and f"pid {first.pid}" in error_line(second), second.stderr[-2000:]
+        pids = [pid_of(run_dir, r) for r in range(2)]
+        first.kill()
+        first.wait()
+        third = run_cli(args, cli_env, timeout=120)
+        line = error_line(third)
+        assert third.returncode == 2 and "ranks of an earlier run are still running there" in line, line
+        assert all(str(p) in line for p in pids), line
+    finally:
+        first.kill()
+        for pid in pids:
+            try:
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_a_forked_rank_has_the_environment_deepspeeds_launcher_gives(tmp_path: Path) -> None:
+    """DeepSpeed's per-node launcher's own code starts a script that records each rank's variables;
+    `forked_rank_env` must give the same ones."""
+    script = tmp_path / "record.py"
+    script.write_text("import json, os, sys\n"
+                      f"keys = {sorted(forked_rank_env(3, '127.0.0.1', 29999, 0))!r}\n"
+                      "open(os.path.join(sys.argv[1], 'rank_' + os.environ['RANK'] + '.json'), 'w').write("
+                      "json.dumps({k: os.environ.get(k) for k in keys}))\n")
+    world = base64.urlsafe_b64encode(json.dumps({"localhost": [0, 1, 2]}).encode()).decode()
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(REPO)}
+    subprocess.run([sys.executable, "-m", "deepspeed.launcher.launch", f"--world_info={world}",
+                    "--master_addr=127.0.0.1", "--master_port=29999", "--no_local_rank", "--log_level=error",
+                    str(script), str(tmp_path)], env=env, check=True, timeout=120, capture_output=True)
+    for rank in range(3):
+        seen = json.loads((tmp_path / f"rank_{rank}.json").read_text())
+        assert seen == forked_rank_env(3, "127.0.0.1", 29999, rank), rank
+
+
+def test_forking_from_a_threaded_process_is_refused() -> None:
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait, name="busy-worker")
+    worker.start()
+    try:
+        with pytest.raises(RuntimeError, match="busy-worker"):
+            check_fork_safe()
+    finally:
+        stop.set()
+        worker.join()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["launch.launcher=fork", "launch.hostfile=hosts"], ["launch.hostfile", "launch.launcher=deepspeed", "not fork"]),
+    (["launch.launcher=fork", "launch.network.kind=emulated"], ["cannot be combined with launch.launcher=fork"]),
+    (["launch.launcher=fork", "++ft.enabled=true", "algo=local_sgd"], ["launch.launcher=fork", "ft.enabled=true"]),
+])
+def test_what_fork_cannot_do_is_one_line(args: list[str], words: list[str], cli_env: dict, tmp_path: Path) -> None:
+    proc = run_cli([*args, f"hydra.run.dir={tmp_path / 'run'}"], cli_env, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    line = error_line(proc)
+    assert all(w in line for w in words), line
