@@ -171,6 +171,18 @@ def go_flag(logs: Path) -> Path:
     return logs / "ft_go"
 
 
+def stop_now_flag(logs: Path) -> Path:
+    """Written by a launching process on its second stop signal (fault-tolerant mode over ssh):
+    every node's supervisor kills its share of the job at once."""
+    return logs / "ft_stop_now"
+
+
+def quorum_lost_flag(logs: Path) -> Path:
+    """Written by the supervisor when the replicas still running are fewer than ft.min_replicas and
+    none can be restarted: a replica waiting in a round's quorum stops at once, with a checkpoint."""
+    return logs / "ft_quorum_lost"
+
+
 # ---- a run that stopped early --------------------------------------------------------------------
 
 def stopped_message(run_dir: RunDir | Path) -> Optional[str]:

@@ -60,20 +60,29 @@ def base_name(key: str) -> str:
 
 
 class Task(ABC):
-    """Subclasses set `name`, `metrics` (in reporting order) and `selection_metric`."""
+    """Subclasses set `name`, `metrics` (in reporting order), `selection_metric`, and what a
+    report shows of them (`shown`: the progress bar's line at an evaluation; `plotted`: the
+    panels of a run's curves.png, each a metric against step)."""
 
     name: str
     metrics: tuple[Metric, ...]
     selection_metric: str  # the validation metric that selects by default
     sums_size: int  # the length of `batch_sums`
+    shown: tuple[str, ...]
+    plotted: tuple[str, ...]
 
     @abstractmethod
     def loss(self, output: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
         """The batch's mean loss (what a step differentiates), in float32."""
 
     @abstractmethod
+    def hits(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Which predictions in the batch are right (top-1), a bool tensor with one entry per
+        prediction (the training log's `acc`, summed only when a log step reads it)."""
+
     def correct(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """How many predictions in the batch are right (top-1), as a tensor (the training log's `acc`)."""
+        """How many predictions in the batch are right (top-1), as a tensor."""
+        return self.hits(output, target).sum()
 
     @abstractmethod
     def count(self, target: torch.Tensor) -> int:
@@ -123,6 +132,8 @@ class Classification(Task):
     name = CLASSIFICATION
     selection_metric = "val_acc"
     sums_size = 4  # loss, top-1 hits, top-5 hits, samples
+    shown = ("acc", "loss")
+    plotted = ("loss", "acc")
 
     def __init__(self, num_classes: int) -> None:
         self.num_classes = num_classes
@@ -131,8 +142,8 @@ class Classification(Task):
     def loss(self, output: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
         return F.cross_entropy(output.float(), target, label_smoothing=label_smoothing)
 
-    def correct(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return (output.argmax(1) == target).sum()
+    def hits(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return output.argmax(1) == target
 
     def count(self, target: torch.Tensor) -> int:
         return len(target)
@@ -158,6 +169,8 @@ class LanguageModel(Task):
     metrics = (LOSS, PPL, BPC, NEXT_ACC)
     selection_metric = "val_loss"
     sums_size = 3  # summed token cross-entropy, right next tokens, tokens
+    shown = ("loss", "bpc")
+    plotted = ("loss", "bpc", "acc")  # (perplexity is e^loss: the loss panel says it)
 
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
@@ -169,8 +182,8 @@ class LanguageModel(Task):
         logits, tokens = self._flat(output, target)
         return F.cross_entropy(logits, tokens, label_smoothing=label_smoothing)
 
-    def correct(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return (output.argmax(-1) == target).sum()
+    def hits(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return output.argmax(-1) == target
 
     def count(self, target: torch.Tensor) -> int:
         return target.numel()
@@ -185,6 +198,11 @@ class LanguageModel(Task):
         loss = sums[0].item() / count
         return {f"{prefix}_loss": loss, f"{prefix}_ppl": math.exp(min(loss, 700.0)),
                 f"{prefix}_bpc": loss / math.log(2), f"{prefix}_acc": sums[1].item() / count}
+
+
+#: every metric name of every task, with its direction (the same name means the same direction in
+#: every task: a table that has not run yet can tell `test_bpc` is better lower)
+METRIC_DIRECTIONS: dict[str, bool] = {m.name: m.higher_is_better for m in (LOSS, ACC, TOP5, PPL, BPC, NEXT_ACC)}
 
 
 def task_for(spec: DataSpec) -> Task:

@@ -83,12 +83,17 @@ class Scenario:
     """One mode of a plugin that the registry-wide tests run: its `algo.*` overrides (merged over
     the plugin's `deterministic_overrides`) on `world_size` ranks, `local_size` of them per node
     (None: all on one node; fewer gives a real multi-node layout, for methods grouped by node).
-    `optimizer` is the reference test's local optimizer: sgd (momentum 0.9), nesterov or adamw."""
+    `optimizer` is the reference test's local optimizer: sgd (momentum 0.9), nesterov or adamw.
+    `task` is what the tests train: `classification` (a small CNN on digits) or `language_model`
+    (a tiny GPT on character windows: embeddings, attention and MLP matrices, LayerNorm vectors
+    and a tied head), for a plugin whose mechanics depend on parameter shapes or optimizer state.
+    The plugin itself never sees it."""
 
     overrides: dict[str, Any] = field(default_factory=dict)
     world_size: Optional[int] = None  # None: the plugin's test_world_size
     local_size: Optional[int] = None
     optimizer: str = "sgd"
+    task: str = "classification"
 
 
 @dataclass(frozen=True)

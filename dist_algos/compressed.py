@@ -54,10 +54,15 @@ def layer_shapes(params: list[nn.Parameter]) -> tuple[list[int], list[tuple[int,
 class CompressedAllreduce(OverlappedHooks):
     Config = CompressedConfig
     # top-k with classic error feedback after backward; majority vote with momentum-decayed
-    # feedback exchanged bucket by bucket during backward (the overlap path)
+    # feedback exchanged bucket by bucket during backward (the overlap path); on a tiny GPT, the
+    # stages whose work depends on a layer's shape: a low-rank sketch of every matrix with error
+    # feedback, and SparseLoCo's chain (top-k of 8 x 8 tiles, then 2-bit bins) with decayed feedback
     test_scenarios = {"topk_ef": Scenario({"compress": ["topk:0.1"], "feedback": "ef"}),
                       "signmv_overlap": Scenario({"compress": ["signmv"], "feedback": "momentum:0.9", "overlap": True,
-                                                  "bucket_mb": 0.5 / 1024, "first_bucket_mb": 0.1 / 1024})}
+                                                  "bucket_mb": 0.5 / 1024, "first_bucket_mb": 0.1 / 1024}),
+                      "lm_lowrank_ef": Scenario({"compress": ["lowrank:2"], "feedback": "ef"}, task="language_model"),
+                      "lm_tile_chain": Scenario({"compress": ["chunk_topk:8:4", "binquant:2:6"],
+                                                 "feedback": "decayed:0.95"}, task="language_model")}
     reference = "tests.support.references:COMPRESSED"
     invalid_options = {"algo.compress=[]": "use algo=allreduce", "algo.feedback=sometimes": "algo.feedback",
                        "algo.compress=[nonesuch]": "nonesuch", "algo.bucket_mb=0": "algo.bucket_mb"}

@@ -79,8 +79,10 @@ class DiLoCo(LocalSGD):
     Config = DiLoCoConfig  # type: ignore[assignment]
     family = None  # its checkpoints hold the global model and outer momentum: not local SGD's
     cfg: DiLoCoConfig  # type: ignore[assignment]
-    # Streaming DiLoCo on 3 ranks: two fragments, one synchronised every 3 inner steps
-    test_scenarios = {"streaming": Scenario({"inner_steps": 6, "fragments": 2}, world_size=3)}
+    # Streaming DiLoCo on 3 ranks: two fragments, one synchronised every 3 inner steps; DiLoCo on a
+    # tiny GPT with its inner AdamW (the moments stay local across outer steps), every 4 inner steps
+    test_scenarios = {"streaming": Scenario({"inner_steps": 6, "fragments": 2}, world_size=3),
+                      "lm_adamw": Scenario({"inner_steps": 4}, world_size=3, optimizer="adamw", task="language_model")}
     reference = "tests.support.references:DILOCO"
     invalid_options = {"algo.fragments=3": "algo.fragments=3", "algo.inner_steps=0": "algo.inner_steps",
                        "algo.bn=global": "algo.bn='global'"}

@@ -105,7 +105,13 @@ class LocalSGD(DistAlgorithm):
     family = "local_sgd"
     # QSR's rule on 3 ranks (not a power of two: the mean's divide is inexact), H from 3 in warmup
     test_scenarios = {"qsr": Scenario({"sync_schedule": "qsr", "period": 2, "warmup_period": 3, "alpha": 0.08,
-                                       "power": 2.0, "switch_step": 6}, world_size=3)}
+                                       "power": 2.0, "switch_step": 6}, world_size=3),
+                      # local AdamW on a tiny GPT, its moments averaged with the model every 3 steps
+                      "lm_adamw_fields": Scenario({"sync_schedule": "constant", "period": 3, "warmup_period": 3,
+                                                   "alpha": 0.008, "power": 2.0, "switch_step": 6,
+                                                   "average_optimizer_fields": ["exp_avg", "exp_avg_sq"],
+                                                   "bucket_mb": 0.001}, world_size=3, optimizer="adamw",
+                                                  task="language_model")}
     reference = "tests.support.references:LOCAL_SGD"
     invalid_options = {"algo.period=0": "algo.period=0", "algo.sync_schedule=cubic": "algo.sync_schedule='cubic'",
                        "algo.average_optimizer_fields=[exp_avg]": "exp_avg needs optim=adamw",

@@ -94,7 +94,8 @@ def _nbytes(t: torch.Tensor) -> int:
 @register_algorithm("powersgd")
 class PowerSGD(DistAlgorithm):
     Config = PowerSGDConfig
-    test_scenarios = {"compressing": Scenario()}
+    # P and Q per matrix layer: a CNN's kernels, and a GPT's attention, MLP and (tied) embedding matrices
+    test_scenarios = {"compressing": Scenario(), "lm_matrices": Scenario(task="language_model")}
     reference_exemption = ("its reference is PyTorch's own PowerSGD DDP hook, which needs torch DDP on gloo ranks, "
                            "not one process: tests/test_powersgd.py compares the two step for step")
     invalid_options = {"algo.rank=0": "algo.rank=0", "algo.min_compression_rate=0.5": "algo.min_compression_rate"}

@@ -81,7 +81,8 @@ class Wagma(DistAlgorithm):
     deterministic_reason = ("in wait-avoiding mode which (possibly stale) models meet in a group average "
                             "depends on timing; the synchronous mode runs the same schedule deterministically")
     # groups of two on two nodes of two ranks, a global average every third step
-    test_scenarios = {"groups": Scenario({"group_size": 2, "global_period": 3}, local_size=2)}
+    test_scenarios = {"groups": Scenario({"group_size": 2, "global_period": 3}, local_size=2),
+                      "lm_groups": Scenario({"group_size": 2, "global_period": 3}, local_size=2, task="language_model")}
     reference = "tests.support.references:WAGMA"
     invalid_options = {"algo.group_size=3": "algo.group_size=3", "algo.group_size=8": "algo.group_size=8",
                        "algo.global_period=0": "algo.global_period=0", "launch.nproc=3": "power-of-two number"}

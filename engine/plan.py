@@ -1,8 +1,9 @@
 """The run plan: everything decided from the config and the world before training starts.
 
 `build_plan` is the one place a run is planned: the algorithm and its validation, which ranks
-train and evaluate, the per-rank, micro and global batch, the peak learning rate, what a resume
-must keep, and the checkpoints it may resume from. cli.py builds it before launching
+train and evaluate, the per-rank, micro and global batch, the peak learning rate, the data's task
+(`core.task`: the loss, the metrics and their directions) and the validation metric that selects,
+what a resume must keep, and the checkpoints it may resume from. cli.py builds it before launching
 (`preflight`, so that a mistake is one line and nothing starts), and every rank builds the same
 plan from the same config and its real world, then hands it to the trainer.
 """
@@ -17,7 +18,8 @@ from omegaconf import DictConfig
 from core.distenv import plan_devices, sharing_note, visible_gpus
 from core.errors import UserError
 from core.rundir import RunDir
-from core.spec import CLASSIFICATION, DataSpec
+from core.spec import DataSpec
+from core.task import Task, task_for
 from data import check_data_on_disk, data_spec, num_train_samples, split_identity, validation_enabled
 from dist_algos import get_algorithm
 from dist_algos.base import DistAlgorithm, HyperParams, RankLayout
@@ -27,6 +29,7 @@ from engine.checkpoint.resume import init_source, resume_candidates
 from engine.config import RunConfig, load_run_config
 from engine.ft.config import check_ft
 from engine.launch.config import Launcher, check_supervision, launch_shape
+from engine.train.checkpointer import selection_metric
 from engine.train.faults import parse_faults
 from engine.train.optim import hyper_params, peak_lr, warmup_steps
 
@@ -48,6 +51,8 @@ class RunPlan:
     layout: RankLayout
     batch: BatchPlan
     spec: DataSpec
+    task: Task  # what the run optimises and how it is judged (core.task.task_for(spec))
+    best_metric: str  # the validation metric that selects, in the task's direction (none without validation)
     hyper: HyperParams
     resume_keys: dict[str, Any]  # settings a resumed run must share with its checkpoint
     resume_from: tuple[Manifest, ...]  # candidates, newest first; the ranks agree on an intact one
@@ -87,16 +92,19 @@ def build_plan(config: RunConfig, run_dir: RunDir, world_size: int, ranks_per_no
     hyper = hyper_params(config.optim, peak_lr(config.optim, batch.global_batch), config.train.grad_clip)
     algo.validate(config.algo, world_size, ranks_per_node, hyper)
     parse_faults(config.faults, world_size)
-    check_ft(config.ft, config.algo.name, algo.ft_refusal, config.launch, config.algo)
+    check_ft(config.ft, config.algo.name, algo.ft_refusal, config.launch, config.algo, replicas=world_size)
     samples = num_train_samples(config.data)
     if samples is not None and batch.global_batch > samples:
         raise UserError(f"launch.nproc={world_size}: {len(layout.train)} training ranks x batch {batch.per_rank} "
                         f"is more than the {samples} training samples of {config.data.name}; use fewer ranks "
                         "or a smaller batch")
+    spec = data_spec(config.data)
+    task = task_for(spec)
+    best_metric = selection_metric(config.checkpoint, task, config.data.name)
     keys = resume_keys(config, world_size, algo)
     candidates = tuple(resume_candidates(config.resume, run_dir, keys))
     return RunPlan(config=config, run_dir=run_dir, world_size=world_size, ranks_per_node=ranks_per_node,
-                   algo=algo, layout=layout, batch=batch, spec=data_spec(config.data), hyper=hyper,
+                   algo=algo, layout=layout, batch=batch, spec=spec, task=task, best_metric=best_metric, hyper=hyper,
                    resume_keys=keys, resume_from=candidates,
                    init_from=None if candidates else init_source(config.init_from))
 
@@ -113,9 +121,6 @@ def preflight(raw: DictConfig, run_dir: RunDir) -> RunPlan:
     check_supervision(config.launch, config.faults)
     plan = build_plan(config, run_dir, world, per_node)
     check_buildable(config.model, plan.spec)
-    if plan.spec.task != CLASSIFICATION:  # until the trainer asks core.task for its loss (issue 33)
-        raise UserError(f"data={config.data.name} is a {plan.spec.task} task, which the trainer cannot train yet "
-                        "(it computes a classification loss); pick a classification data set")
     warn_endless_warmup(plan)
     warn_no_validation(config)
     check_data_on_disk(config.data)

@@ -338,6 +338,9 @@ def test_the_quorum_wait_covers_the_period_before_each_round_unless_one_is_given
     replica = ft_rounds.ManagerRounds.__new__(ft_rounds.ManagerRounds)
     replica.manager = SimpleNamespace(start_quorum=lambda timeout: asked.append(timeout.total_seconds()))
     replica._round_start, replica._configured_quorum_s, replica._warned_quorum = 0.0, None, False
+    # (no stop pending, no quorum-lost flag to read: the quorum is awaited as torchft gives it)
+    replica._logs, replica.stop_pending, replica._stop_wait_s = None, lambda: False, 30.0
+    replica._lock = threading.Lock()
     for _ in range(3):
         replica.begin()
     assert asked == [default, default, cover * two_hours]

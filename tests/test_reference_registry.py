@@ -1,7 +1,8 @@
 """Reference equivalence for every registered algorithm, in every mode it declares.
 
 For each plugin's `test_scenarios`, on the scenario's gloo ranks (and ranks per node), the
-plugin is driven step by step (`tests.support.plugin_harness.plugin_trajectory`) and every rank's
+plugin is driven step by step (`tests.support.plugin_harness.plugin_trajectory`, on the scenario's
+task's workload: a small CNN on digits or a tiny GPT on token windows) and every rank's
 parameters after every step are compared, to 1e-6, with the one-process simulation its
 `reference` names (tests/support/references.py). A plugin with a reasoned `reference_exemption` is
 listed with its reason; a plugin with neither fails with one line naming what to add and where.
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from tests.support.harness import run_ranks
-from tests.support.plugin_harness import plugin_trajectory
+from tests.support.plugin_harness import plugin_trajectory, task_workload
 from tests.support.registry import scenario_values, env_of, lookup, reference_of, scenario_ids, world_of
 
 TOLERANCE = 1e-6
@@ -24,9 +25,10 @@ def scenario_trajectory(rank: int, world: int, scenario_id: str) -> list[torch.T
     cls, scenario = lookup(scenario_id)
     ref = reference_of(cls)
     kind = scenario.optimizer
-    return plugin_trajectory(rank, world, cls.name, scenario_values(cls, scenario), ref.steps, kind,
-                             lr_at=ref.lr_at(kind) if ref.lr_at else None, loss_hook=ref.loss_hook,
-                             warmup_steps=ref.warmup_steps)
+    with task_workload(scenario.task):
+        return plugin_trajectory(rank, world, cls.name, scenario_values(cls, scenario), ref.steps, kind,
+                                 lr_at=ref.lr_at(kind) if ref.lr_at else None, loss_hook=ref.loss_hook,
+                                 warmup_steps=ref.warmup_steps)
 
 
 @pytest.mark.parametrize("scenario_id", scenario_ids())
@@ -37,7 +39,8 @@ def test_scenario_equals_its_reference(scenario_id: str) -> None:
         pytest.skip(f"{cls.name}: exempt from a one-process reference because {cls.reference_exemption}")
     world, overrides = world_of(cls, scenario), scenario_values(cls, scenario)
     got = run_ranks(scenario_trajectory, world, scenario_id, env=env_of(cls, scenario), timeout=240)
-    expected = ref.simulate(overrides, world, ref.steps, scenario.optimizer)
+    with task_workload(scenario.task):
+        expected = ref.simulate(overrides, world, ref.steps, scenario.optimizer)
     assert len(expected) == world, f"{scenario_id}: the reference returned {len(expected)} ranks, not {world}"
     checked = 0
     for rank, want in enumerate(expected):

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -250,3 +251,68 @@ def test_random_kill_is_a_real_sigkill_and_the_next_attempt_draws_the_next_gap(t
     kills = [e for e in FaultLog(run_dir).events() if e["event"] == "kill"]
     assert [(k["kind"], k["spec"], k["attempt"]) for k in kills] == [("mtbf", "mtbf #0", 0), ("mtbf", "mtbf #1", 1)]
     assert [k["gap_s"] for k in kills] == [round(mtbf_draw(1, 0.05, 1, i)[0], 3) for i in range(2)]
+
+
+# ---- stop signals and restart-all's attempts (issue 37) -------------------------------------------
+#: a first signal while the launching process waits out faults.restart_delay_s: no further attempt,
+#: the job ends within this (its polls are 0.1 s apart; the rest is the interpreter's exit)
+BETWEEN_BOUND_S = 5.0
+#: a second signal during an attempt: the launcher's process group ended, every rank with it
+AT_ONCE_BOUND_S = 10.0
+STEADY = ["launch.nproc=2", "train.max_steps=100000", "checkpoint.every_steps=5", "faults.kill=[1@7]",
+          "launch.max_restarts=1", "train.imbalance.delay_ms=60", *QUIET]
+
+
+def test_a_signal_between_restart_all_attempts_starts_no_further_attempt(cli_env: dict, tmp_path: Path) -> None:
+    """Rank 1 killed at step 7 (a checkpoint at 5); during the 60 s restart delay a SIGTERM ends the job within
+    BETWEEN_BOUND_S without starting attempt 1, and nothing of the job is left (checked by pid)."""
+    from tests.support.processes import alive_of_job
+
+    run_dir = tmp_path / "run"
+    proc = start_cli([*STEADY, "faults.restart_delay_s=60", f"hydra.run.dir={run_dir}"], cli_env)
+    try:
+        wait_for(lambda: any(e["event"] == "failure" for e in FaultLog(run_dir).events()) or proc.poll() is not None,
+                 240, "attempt 0's failure")
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert took <= BETWEEN_BOUND_S, (took, err[-3000:])
+    assert proc.returncode != 0 and "SIGTERM between attempts: no further attempt" in err, err[-3000:]
+    assert [e["event"] for e in FaultLog(run_dir).events()].count("attempt") == 1
+    assert newest_complete(run_dir) is not None  # the checkpoint a later run resumes from
+    left = alive_of_job(run_dir, [proc.pid])
+    assert not left, left
+
+
+def test_a_second_signal_during_a_restarted_attempt_ends_every_rank_at_once(cli_env: dict, tmp_path: Path) -> None:
+    """Attempt 1 (after the kill at step 7) training; SIGINT twice (no agreed stop can come first:
+    train.preempt_check_every is beyond the run): the job ends within AT_ONCE_BOUND_S and no rank,
+    launcher or supervisor of either attempt is left (checked by pid)."""
+    from tests.support.processes import alive_of_job
+
+    run_dir = tmp_path / "run"
+    proc = start_cli([*STEADY, "train.preempt_check_every=100000", f"hydra.run.dir={run_dir}"], cli_env)
+    try:
+        wait_for(lambda: (any(e["event"] == "resume" for e in FaultLog(run_dir).events())
+                          and (read_step(run_dir / "logs" / "rank_0.progress") or 0) >= 9) or proc.poll() is not None,
+                 240, "attempt 1 to train")
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        second = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - second
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert took <= AT_ONCE_BOUND_S, (took, err[-3000:])
+    assert proc.returncode != 0 and not (run_dir / "summary.json").exists(), err[-3000:]
+    assert [e["event"] for e in FaultLog(run_dir).events()].count("attempt") == 2
+    left = alive_of_job(run_dir, [proc.pid])
+    assert not left, left

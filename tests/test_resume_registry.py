@@ -2,7 +2,8 @@
 algorithm-resumption test, here).
 
 For each plugin's `test_scenarios`, on the scenario's gloo ranks with its ranks per node (a
-real multi-node layout where the scenario sets `local_size`, so groups by node exist): train N
+real multi-node layout where the scenario sets `local_size`, so groups by node exist), on the
+scenario's task (digits, or a tiny GPT on the Shakespeare corpus's windows): train N
 steps uninterrupted; train again with `train.stop_after=k`, then resume to N; every rank's final
 checkpoint (parameters, buffers, optimizer state, scheduler, plugin state, RNG, counters) must
 be equal bit for bit. Plugins whose default mode depends on timing declare
@@ -20,7 +21,8 @@ import torch
 from dist_algos import get_algorithm, list_algorithms
 from dist_algos.base import DistAlgorithm, Scenario
 from tests.support.harness import run_ranks, train_in_rank
-from tests.support.registry import env_of, lookup, optimizer_overrides, scenario_ids, scenario_values, world_of
+from tests.support.registry import env_of, lookup, optimizer_overrides, scenario_ids, scenario_values, task_overrides, \
+    world_of
 
 STEPS, STOP = 60, 25  # the numbers; 11 steps per epoch on 4 ranks: the stop is mid-epoch, between evals
 IGNORED = ("elapsed", "train_seconds", "seconds", "injected_s", "median", "warmup")  # wall-clock readings (and the warm-up window, per segment)
@@ -77,7 +79,7 @@ def algo_overrides(name: str) -> list[str]:
 
 def run_overrides(cls: type[DistAlgorithm], scenario: Scenario) -> list[str]:
     values = [f"algo.{k}={override_value(v)}" for k, v in scenario_values(cls, scenario).items()]
-    return base_overrides(cls.name) + optimizer_overrides(scenario) + values
+    return base_overrides(cls.name) + task_overrides(scenario) + optimizer_overrides(scenario) + values
 
 
 @pytest.mark.parametrize("scenario_id", scenario_ids())

@@ -88,7 +88,8 @@ class ParamServerAlgorithm(DistAlgorithm):
     deterministic_overrides = {"serving": "round_robin"}
     deterministic_reason = ("asynchronous serving applies pushes in arrival order, which depends on timing; "
                             "round_robin applies the workers' pushes in a fixed rank order")
-    test_scenarios = {"one_server": Scenario()}
+    # the server's layer shards and momentum over a CNN's parameters, and over a tiny GPT's
+    test_scenarios = {"one_server": Scenario(), "lm_one_server": Scenario(task="language_model")}
     reference_exemption = ("a serving thread applies the workers' pushes while its main thread joins the trainer's "
                            "collectives, which plugin_trajectory's step loop cannot drive: tests/test_param_server.py "
                            "drives server and workers itself and compares with one-process SGD (one worker) and "

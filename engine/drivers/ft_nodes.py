@@ -25,9 +25,10 @@ import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from core.run_files import go_flag, read_json, read_launch_record, wait_for, write_json_atomic, write_launch_record
+from core.run_files import (go_flag, quorum_lost_flag, read_json, read_launch_record, wait_for, write_json_atomic,
+                            write_launch_record)
 from core.rundir import RunDir
 from engine.launch.config import node_plan_of
 
@@ -118,7 +119,8 @@ def join_path(run_dir: RunDir, node: int) -> Path:
     return run_dir.logs / f"ft_join_{node}.json"
 
 
-def meet(run_dir: RunDir, layout: NodeLayout, record: dict[str, Any], wait_s: float) -> None:
+def meet(run_dir: RunDir, layout: NodeLayout, record: dict[str, Any], wait_s: float,
+         abort: Callable[[], bool] = lambda: False) -> None:
     """Several nodes: start this attempt together, none of them reading the last attempt's files.
 
     Node k > 0 writes a fresh token to logs/ft_join_<k>.json (again whenever it is gone: node 0
@@ -126,11 +128,14 @@ def meet(run_dir: RunDir, layout: NodeLayout, record: dict[str, Any], wait_s: fl
     carries that token. Node 0, which has already cleared the old files and started the lighthouse,
     writes its launch record once every node has joined. A record of an earlier attempt can
     therefore never be taken for this one's (seen: a node that started before node 0 read the
-    earlier attempt's 'lighthouse died' and ended at once)."""
+    earlier attempt's 'lighthouse died' and ended at once). `abort`: a stop signal came; stop
+    waiting (the caller ends)."""
     if layout.node == 0:
         tokens: dict[str, str] = {}
 
         def everyone_joined() -> Optional[bool]:
+            if abort():
+                return True
             tokens.clear()
             for node in range(1, layout.nodes):
                 joined = read_json(join_path(run_dir, node))
@@ -152,6 +157,8 @@ def meet(run_dir: RunDir, layout: NodeLayout, record: dict[str, Any], wait_s: fl
     token = secrets.token_hex(8)
 
     def taken_in() -> Optional[bool]:
+        if abort():
+            return True
         path = join_path(run_dir, layout.node)
         mine = read_json(path)
         if not isinstance(mine, dict) or mine.get("token") != token:
@@ -170,9 +177,9 @@ def meet(run_dir: RunDir, layout: NodeLayout, record: dict[str, Any], wait_s: fl
 
 def clear_job_files(run_dir: RunDir, nodes: int) -> None:
     """Node 0, before a job (or its resume) starts: the last attempt's go, ready flags, node
-    records, job end and stop marker must not be read as this attempt's."""
+    records, job end, stop marker and lost quorum must not be read as this attempt's."""
     logs = run_dir.logs
-    stale = [go_flag(logs), job_end_path(run_dir), run_dir.stopped, run_dir.root / "ft_ended.json",
+    stale = [go_flag(logs), quorum_lost_flag(logs), job_end_path(run_dir), run_dir.stopped, run_dir.root / "ft_ended.json",
              *logs.glob("replica_*.ready")]
     stale += [node_record_path(run_dir, k) for k in range(nodes)] + [join_path(run_dir, k) for k in range(nodes)]
     stale += [run_dir.launch_record]

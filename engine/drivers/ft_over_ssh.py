@@ -10,7 +10,8 @@ DeepSpeed's runner does (pdsh puts the host's rank in `%n`), the same cli.py com
 holding the lighthouse and the run directory's lock.
 
 A stop signal here writes RUN/stop_request, which every node's supervisor watches (their replicas
-checkpoint and stop); a second one ends pdsh, which ends the remote commands' ssh sessions. The
+checkpoint and stop); a second one writes logs/ft_stop_now, on which every node's supervisor kills
+its share of the job at once, and ends pdsh, which ends the remote commands' ssh sessions. The
 exit code is the job's: pdsh -S returns the largest of the nodes', which all exit with the job's.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 from types import FrameType
 from typing import Optional
 
-from core.run_files import write_launch_record
+from core.run_files import stop_now_flag, write_launch_record
 from core.rundir import RunDir
 from engine.launch.commands import REPO, omp_threads, script_args
 from engine.launch.config import LaunchConfig, node_plan_of
@@ -74,6 +75,11 @@ def launch_over_ssh(launch: LaunchConfig, run_dir: RunDir, overrides: list[str])
             print(f"syncopt: {signal.Signals(signum).name}: every replica will checkpoint and stop (signal again to "
                   "end the nodes at once)", file=sys.stderr, flush=True)
         else:
+            if len(received) == 2:
+                try:  # every node's supervisor kills its replicas (and node 0 the lighthouse) now
+                    stop_now_flag(run_dir.logs).touch()
+                except OSError:
+                    pass
             os.killpg(proc.pid, signal.SIGTERM if len(received) < 3 else signal.SIGKILL)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}

@@ -77,13 +77,9 @@ def run_launcher(cmd: list[str], env: dict[str, str], run_dir: RunDir | Path, wa
         if manager is not None:  # the ranks must not die of the job manager's signal
             signal.signal(manager[0], signal.SIG_IGN)
 
-    if start is not None:
-        proc = start(manager[0] if manager is not None else None)
-    else:
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True,
-                                preexec_fn=child_setup if manager is not None else None)
     received = [] if received is None else received
     pending = [False]  # a stop to deliver once the ranks are ready
+    launched: list[Any] = []  # a Popen, or fork's leader (the handler is installed before either starts)
 
     def on_signal(signum: int, frame: Optional[FrameType]) -> None:
         received.append(signum)
@@ -91,14 +87,22 @@ def run_launcher(cmd: list[str], env: dict[str, str], run_dir: RunDir | Path, wa
             pending[0] = True
             print(f"syncopt: {signal.Signals(signum).name}: ranks will checkpoint and stop at the next "
                   "agreed step (signal again to stop at once)", file=sys.stderr, flush=True)
-        else:
-            os.killpg(proc.pid, signal.SIGTERM if len(received) < 3 else signal.SIGKILL)
+        elif launched:
+            os.killpg(launched[0].pid, signal.SIGTERM if len(received) < 3 else signal.SIGKILL)
 
     handled = [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1] + ([manager[0]] if manager else [])
     previous = {s: signal.signal(s, on_signal) for s in handled}
     stall: Optional[Stall] = None
     code: Optional[int] = None
     try:
+        if start is not None:
+            proc = start(manager[0] if manager is not None else None)
+        else:
+            proc = subprocess.Popen(cmd, env=env, start_new_session=True,
+                                    preexec_fn=child_setup if manager is not None else None)
+        launched.append(proc)
+        if len(received) > 1:  # stopped twice while it was being started
+            os.killpg(proc.pid, signal.SIGTERM)
         while proc.poll() is None:
             watch.poll()
             if watch.stop_requested() and not received:
@@ -125,6 +129,8 @@ def run_launcher(cmd: list[str], env: dict[str, str], run_dir: RunDir | Path, wa
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        if launched:
+            _end_group(launched[0])  # whatever of the launch is left (a rank's children) ends with it
     code = proc.returncode if code is None else code
     if stall is not None:
         print(f"syncopt: error: {stall.describe()}; the job was stopped; log: "

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from core.errors import UserError
 from engine.ft.config import FTConfig
@@ -39,9 +39,10 @@ class Lighthouse:
 
     @staticmethod
     def start(host: str, cfg: FTConfig, log: Path, min_replicas: int, port: Optional[int] = None,
-              wait_s: float = 30.0) -> "Lighthouse":
+              wait_s: float = 30.0, started: Optional[Callable[[subprocess.Popen], None]] = None) -> "Lighthouse":
         """Start it on `port` of `host` (None: a free one) and wait until it accepts connections.
-        Several nodes give the port every node was told (launch.master_port), so it must be free."""
+        Several nodes give the port every node was told (launch.master_port), so it must be free.
+        `started` is told of the process as soon as it exists (the job's record of its processes)."""
         if port is not None and port_in_use(port):
             raise UserError(f"launch.master_port={port} is in use on node 0 ({host}), where the torchft lighthouse "
                             "of this fault-tolerant job listens; pick another port (the same on every node)")
@@ -51,6 +52,8 @@ class Lighthouse:
                "--heartbeat_timeout_ms", str(int(cfg.heartbeat_timeout_s * 1000)), "--quorum_tick_ms", "50"]
         log.parent.mkdir(parents=True, exist_ok=True)
         proc = subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+        if started is not None:
+            started(proc)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -63,6 +66,7 @@ class Lighthouse:
             except OSError:
                 time.sleep(0.05)
         proc.kill()
+        proc.wait()
         raise UserError(f"torchft lighthouse on {host}:{port} did not start within {wait_s:.0f} s; see {log}")
 
     def dead(self) -> Optional[int]:
@@ -76,3 +80,4 @@ class Lighthouse:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait()

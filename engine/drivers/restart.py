@@ -8,17 +8,19 @@ re-launched job continues bit for bit where that checkpoint left it. What happen
 the other way: survivors go on without a restart.
 
 Not retried: success, a refused run (exit code 2: bad input stays bad), and a job the user
-stopped (a stop signal). Before each retry the previous attempt's rank files (logs, errors,
-exit codes, heartbeats) and metrics are moved to `logs/attempt_<k>/`, so no attempt overwrites
-what an earlier one wrote. Each attempt and each failure is appended to the fault log
+stopped (a stop signal, during an attempt or between two: then no further attempt starts).
+Before each retry the previous attempt's rank files (logs, errors, exit codes, heartbeats) and
+metrics are moved to `logs/attempt_<k>/`, so no attempt overwrites what an earlier one wrote. Each attempt and each failure is appended to the fault log
 (core.run_files.FaultLog), from which the reporting rank writes summary.json's counts.
 """
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import time
+from types import FrameType
 from typing import Any, Callable, Optional
 
 from core.errors import USER_ERROR_EXIT
@@ -42,25 +44,42 @@ def run_with_restarts(launch_attempt: LaunchAttempt, run_dir: RunDir, max_restar
     if fresh:
         log.reset()
     first = sum(1 for e in log.events() if e.get("event") == "attempt")  # earlier launches of this run
+    # a stop signal between attempts (while the failed one is archived, during faults.restart_delay_s)
+    # ends the job there; during an attempt the launcher's own handler takes it (the same list)
+    signals: list[int] = []
+
+    def between(signum: int, frame: Optional[FrameType]) -> None:
+        signals.append(signum)
+        print(f"syncopt: {signal.Signals(signum).name} between attempts: no further attempt; run the same command to "
+              "resume from the last complete checkpoint", file=sys.stderr, flush=True)
+
+    previous = {s: signal.signal(s, between) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     code = 0
-    for retry in range(max_restarts + 1):
-        attempt = first + retry
-        if retry:
-            _archive_attempt(run_dir, attempt - 1)
-        log.append({"event": "attempt", "attempt": attempt, "restart": retry > 0})
-        os.environ[ATTEMPT_ENV] = str(attempt)  # the launcher passes it down to the ranks (SYNCOPT_ prefix)
-        signals: list[int] = []
-        code = launch_attempt(attempt, signals)
-        if code == 0 or code == USER_ERROR_EXIT or signals:
-            return code
-        log.append({"event": "failure", "attempt": attempt, "code": code,
-                    "step": _failure_step(run_dir, log, attempt), "will_restart": retry < max_restarts})
-        if retry == max_restarts:
-            break
-        print(f"syncopt: restarting the whole job from its last complete checkpoint "
-              f"(restart {retry + 1} of {max_restarts})"
-              + (f" in {restart_delay_s:g} s" if restart_delay_s else ""), file=sys.stderr, flush=True)
-        time.sleep(restart_delay_s)
+    try:
+        for retry in range(max_restarts + 1):
+            attempt = first + retry
+            if retry:
+                _archive_attempt(run_dir, attempt - 1)
+            if signals:
+                return code
+            log.append({"event": "attempt", "attempt": attempt, "restart": retry > 0})
+            os.environ[ATTEMPT_ENV] = str(attempt)  # the launcher passes it down to the ranks (SYNCOPT_ prefix)
+            code = launch_attempt(attempt, signals)
+            if code == 0 or code == USER_ERROR_EXIT or signals:
+                return code
+            log.append({"event": "failure", "attempt": attempt, "code": code,
+                        "step": _failure_step(run_dir, log, attempt), "will_restart": retry < max_restarts})
+            if retry == max_restarts:
+                break
+            print(f"syncopt: restarting the whole job from its last complete checkpoint "
+                  f"(restart {retry + 1} of {max_restarts})"
+                  + (f" in {restart_delay_s:g} s" if restart_delay_s else ""), file=sys.stderr, flush=True)
+            deadline = time.monotonic() + restart_delay_s
+            while not signals and time.monotonic() < deadline:
+                time.sleep(min(0.1, restart_delay_s))
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     return code
 
 

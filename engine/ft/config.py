@@ -25,6 +25,17 @@ class FTConfig(Section):
     quorum_timeout_s: Optional[float] = option(None, gt=0)
     join_timeout_s: float = option(1.0, gt=0)  # how long the lighthouse waits for stragglers before a quorum
     heartbeat_timeout_s: float = option(1.5, gt=0)  # a replica silent this long is out of the next quorum
+    # a replica told to stop (a signal, a stop_request) stops at the next round the replicas agree on; if
+    # that round's quorum has not formed this long after the replica reached it, no round can complete
+    # (peers gone or stuck): it stops without it, with a checkpoint of what it holds
+    stop_wait_s: float = option(30.0, gt=0)
+
+
+#: torchft's Manager heartbeats the lighthouse every 100 ms (its default, which we keep); a replica
+#: whose last beat is older than ft.heartbeat_timeout_s does not count as alive
+MANAGER_HEARTBEAT_S = 0.1
+#: ft.heartbeat_timeout_s must span this many beats, or live replicas drop out between two beats
+HEARTBEATS_PER_TIMEOUT = 3
 
 
 def quorum_size(ft: FTConfig, replicas: int) -> int:
@@ -32,10 +43,14 @@ def quorum_size(ft: FTConfig, replicas: int) -> int:
     return ft.min_replicas if ft.min_replicas is not None else replicas // 2 + 1
 
 
-def check_ft(ft: FTConfig, algo_name: str, ft_refusal: str, launch: Any, algo_cfg: Any = None) -> None:
-    """One line for what fault-tolerant mode cannot do, before anything starts."""
+def check_ft(ft: FTConfig, algo_name: str, ft_refusal: str, launch: Any, algo_cfg: Any = None,
+             replicas: Optional[int] = None) -> None:
+    """One line for what fault-tolerant mode cannot do, before anything starts; `replicas`: how
+    many the job starts (launch.nproc on every node), for the settings that can only wait."""
     if not ft.enabled:
         return
+    if replicas is not None:
+        check_quorum_settings(ft, replicas)
     if ft_refusal:
         raise UserError(f"ft.enabled=true does not work with algo={algo_name}: {ft_refusal}; "
                         "use algo=local_sgd, diloco, allreduce, easgd or powersgd, or ft.enabled=false")
@@ -52,6 +67,31 @@ def check_ft(ft: FTConfig, algo_name: str, ft_refusal: str, launch: Any, algo_cf
                         "(the default; cli.py supervises the replicas itself) instead of launch.launcher=none")
     if ft.lighthouse is not None and ":" not in ft.lighthouse:
         raise UserError(f"ft.lighthouse={ft.lighthouse!r}: expected host:port of a running torchft lighthouse")
+
+
+def check_quorum_settings(ft: FTConfig, replicas: int) -> None:
+    """Settings under which the lighthouse can never form a quorum, or a round can only time out
+    (its rules, torchft 0.2.0: a quorum needs ft.min_replicas healthy participants, more than half
+    of the replicas heartbeating, and waits up to ft.join_timeout_s for heartbeating stragglers)."""
+    shape = f"{replicas} replica(s) (launch.nproc on every node)"
+    if ft.min_replicas is not None and ft.min_replicas > replicas:
+        raise UserError(f"ft.min_replicas={ft.min_replicas} is more than the {shape} this job starts: no quorum can "
+                        f"ever form and every replica would wait for one; use ft.min_replicas<={replicas} (null: a "
+                        f"majority, {replicas // 2 + 1}) or launch.nproc>={ft.min_replicas}")
+    if quorum_size(ft, replicas) == replicas and ft.max_restarts == 0 and replicas > 1:
+        raise UserError(f"ft.min_replicas={quorum_size(ft, replicas)} (every one of the {shape}) with ft.max_restarts=0 "
+                        "survives no failure: the first leaves a quorum that can never form again; lower "
+                        f"ft.min_replicas (below {replicas}), raise ft.max_restarts, or use ft.enabled=false")
+    floor = round(HEARTBEATS_PER_TIMEOUT * MANAGER_HEARTBEAT_S, 6)
+    if ft.heartbeat_timeout_s < floor:
+        raise UserError(f"ft.heartbeat_timeout_s={ft.heartbeat_timeout_s:g} is shorter than {HEARTBEATS_PER_TIMEOUT} of "
+                        f"torchft's heartbeats ({MANAGER_HEARTBEAT_S:g} s apart): live replicas would count as dead "
+                        f"between two beats and a quorum may never form; use ft.heartbeat_timeout_s>={floor:g}")
+    if ft.quorum_timeout_s is not None and ft.quorum_timeout_s <= ft.join_timeout_s:
+        raise UserError(f"ft.quorum_timeout_s={ft.quorum_timeout_s:g} is not longer than ft.join_timeout_s="
+                        f"{ft.join_timeout_s:g}: the lighthouse waits that long for a straggler, so every round with "
+                        "one would time out before its quorum forms; raise ft.quorum_timeout_s (or null: derived) or "
+                        "lower ft.join_timeout_s")
 
 
 #: what the supervisor tells each replica process (engine/drivers/ft_supervisor.py)

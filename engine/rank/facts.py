@@ -28,5 +28,6 @@ def run_facts(plan: RunPlan, ctx: DistContext, reporting: bool, precision: Any, 
                     train_ranks=plan.num_train_ranks, global_batch=plan.batch.global_batch,
                     peak_lr=plan.hyper.peak_lr, total_steps=total_steps,
                     steps_per_epoch=steps_per_epoch, num_gpus=ctx.num_devices if ctx.is_cuda else 0,
-                    flops_per_sample=flops, peak_flops=peak,
+                    flops_per_sample=flops, peak_flops=peak, task=plan.task.name,
+                    tokens_per_sample=plan.spec.fields().get("context_length"),
                     network=net.record(plan.world_size // plan.ranks_per_node) if net.emulated else None)

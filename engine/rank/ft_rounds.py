@@ -8,12 +8,23 @@ the all_reduce (`on_heal`). `init_sync` is off: every replica starts from the sa
 checkpoint), so equal steps need no healing. The Manager's server, its healing transport and the
 lighthouse listen on the host the replicas' process groups use (`host`), not on every interface.
 Every round is recorded: step, participants, committed, healed.
+
+Stopping. Replicas are worlds of one, so a stop signal cannot be agreed by the trainer's usual
+collective; it is agreed in the rounds instead: each round's first mean carries one more element,
+1 where the replica has a stop pending, and a committed round whose mean of it is positive stops
+every participant after that step (`stop_note`), so all of them checkpoint the same step. A round
+that cannot complete must not hold a stopping replica for the quorum's hour: the quorum is awaited
+in a helper thread while this thread watches, and is given up (the round then fails, rolled back
+as any failed round, and the replica stops) once a stop has been pending for `ft.stop_wait_s`, or
+at once when the supervisor has written that the quorum can no longer form
+(`core.run_files.quorum_lost_flag`).
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
@@ -24,7 +35,7 @@ import torch
 import torchft.manager as tft_manager
 from torchft import Manager, ProcessGroupGloo
 
-from core.run_files import go_flag, ready_flag, wait_for
+from core.run_files import go_flag, quorum_lost_flag, ready_flag, wait_for
 from dist_algos.machinery.ft_round import RoundAverager
 from engine.ft.config import FTConfig, quorum_size
 from engine.rank.ft_transport import TensorOnlyTransport
@@ -39,6 +50,12 @@ DEFAULT_QUORUM_TIMEOUT_S = 3600.0
 #: whose periods grow (QSR's H = (beta / lr)^2 as the learning rate decays) is never cut short by a
 #: fixed hour, even for a peer this many times slower
 PERIOD_COVER = 4.0
+#: how often a replica waiting for a quorum looks for a stop (its signal, the supervisor's flag)
+QUORUM_POLL_S = 0.1
+
+
+class RoundAbandoned(RuntimeError):
+    """A heal that arrived after its replica had given the round up (it is stopping): not loaded."""
 
 
 def round_quorum_timeout(configured: Optional[float], period_s: float) -> tuple[float, str]:
@@ -106,6 +123,15 @@ class ManagerRounds(RoundAverager):
             state = state_dict()
             self.sent.append([trainer_step(), model_digest(state["model"])])
             return state
+        # stopping (see the module doc): the trainer sets `stop_pending` to its stop signal's state
+        self.stop_pending: Callable[[], bool] = lambda: False
+        self.stop_note: Optional[str] = None  # set when the replicas stop: why ("" for a stop agreed in a round)
+        self._stop_wait_s, self._logs = cfg.stop_wait_s, gate
+        self._lock = threading.Lock()  # the abandoning thread against a heal arriving at the same moment
+        self._abandoned = self._loading = False
+        self._flag = torch.zeros(1)  # this round's stop element, averaged with the round's first mean
+        self._flag_sent = False
+        self._closed = False
         timeout = timedelta(seconds=timeout_s)
         quorum = timedelta(seconds=cfg.quorum_timeout_s or DEFAULT_QUORUM_TIMEOUT_S)
         with _manager_server_bound_to(host):
@@ -123,6 +149,10 @@ class ManagerRounds(RoundAverager):
 
 
     def _load(self, state: dict[str, Any]) -> None:
+        with self._lock:
+            if self._abandoned:  # (the quorum formed after this replica gave it up: it is stopping)
+                raise RoundAbandoned("the round was given up before its heal arrived")
+            self._loading = True
         started = time.perf_counter()
         self._on_heal(state)
         self._healed = True
@@ -132,7 +162,7 @@ class ManagerRounds(RoundAverager):
 
     # ---- RoundAverager ----------------------------------------------------------------------
     def begin(self) -> None:
-        self._healed = False
+        self._healed = self._abandoned = self._loading = self._flag_sent = False
         now = time.perf_counter()
         period_s = now - self._round_start if self._round_start else 0.0
         self._round_start = now
@@ -140,17 +170,76 @@ class ManagerRounds(RoundAverager):
         if warning and not self._warned_quorum:
             log.warning(warning)
             self._warned_quorum = True
-        self.manager.start_quorum(timeout=timedelta(seconds=quorum_s))
+        self._await_quorum(timedelta(seconds=quorum_s))
+
+    def _quorum_lost(self) -> bool:
+        return self._logs is not None and quorum_lost_flag(self._logs).exists()
+
+    def _await_quorum(self, timeout: timedelta) -> None:
+        """torchft's quorum (and a heal) in a helper thread; this thread, which hears the stop
+        signal, gives the round up when a stop has been pending for ft.stop_wait_s since it got
+        here, or at once when the supervisor says the quorum can no longer form."""
+        if self._quorum_lost() and self._abandon("the quorum can no longer form (fewer replicas than ft.min_replicas)"):
+            return
+        failed: list[BaseException] = []
+
+        def quorum() -> None:
+            try:
+                self.manager.start_quorum(timeout=timeout)
+            except BaseException as err:  # noqa: BLE001 - handed to the waiting thread
+                failed.append(err)
+
+        helper = threading.Thread(target=quorum, name="syncopt-quorum", daemon=True)
+        helper.start()
+        stop_seen: Optional[float] = None
+        while True:
+            helper.join(QUORUM_POLL_S)
+            if not helper.is_alive():
+                break
+            why = ""
+            if self._quorum_lost():
+                why = "the quorum can no longer form (fewer replicas than ft.min_replicas)"
+            elif self.stop_pending():
+                stop_seen = stop_seen if stop_seen is not None else time.monotonic()
+                if time.monotonic() - stop_seen >= self._stop_wait_s:
+                    why = f"no round could complete within ft.stop_wait_s={self._stop_wait_s:g}"
+            if why and self._abandon(why):
+                return
+        if failed:
+            raise failed[0]
+
+    def _abandon(self, why: str) -> bool:
+        """Give this round up (it fails: average_ does nothing, commit says no) and stop after it;
+        False when a heal has already begun (the quorum formed: the round goes on)."""
+        with self._lock:
+            if self._loading:
+                return False
+            self._abandoned = True
+        self.stop_note = why
+        log.warning("round at step %d given up: %s; this replica checkpoints and stops", self.step, why)
+        # its request stays with the lighthouse, which would count it in a quorum for a peer arriving
+        # now while this replica never takes part: end the Manager (its heartbeats stop, so it drops
+        # out after ft.heartbeat_timeout_s); what the checkpoint reads of it is plain counters
+        self.close()
+        return True
 
     def average_(self, tensors: Sequence[torch.Tensor]) -> None:
-        works = [self.manager.allreduce(t) for t in tensors]
+        if self._abandoned:
+            return  # (commit says no: the caller restores what it had)
+        flag: list[torch.Tensor] = []
+        if not self._flag_sent:  # the round's first mean carries the stop element (same count on every replica)
+            self._flag.fill_(1.0 if self.stop_pending() else 0.0)
+            flag, self._flag_sent = [self._flag], True
+        works = [self.manager.allreduce(t) for t in [*tensors, *flag]]
         for work in works:
             work.wait()
 
     def commit(self) -> bool:
-        committed = bool(self.manager.should_commit())
+        committed = False if self._abandoned else bool(self.manager.should_commit())
         self.record.append([self.step, self.participants, committed, self._healed,
                             round(time.perf_counter() - self._round_start, 4)])
+        if committed and self._flag_sent and float(self._flag.item()) > 0 and self.stop_note is None:
+            self.stop_note = ""  # a participant had a stop pending: every participant stops after this step
         if not committed:
             log.warning("round at step %d was not committed (%d participants): rolled back",
                         self.step, self.participants)
@@ -158,7 +247,7 @@ class ManagerRounds(RoundAverager):
 
     @property
     def participants(self) -> int:
-        return int(self.manager.num_participants())
+        return 1 if self._abandoned else int(self.manager.num_participants())
 
     @property
     def healed(self) -> bool:
@@ -188,4 +277,6 @@ class ManagerRounds(RoundAverager):
                 "sent_state": self.sent, "healed_state": self.received}
 
     def close(self) -> None:
-        self.manager.shutdown(wait=False)
+        if not self._closed:
+            self._closed = True
+            self.manager.shutdown(wait=False)

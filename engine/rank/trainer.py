@@ -1,7 +1,9 @@
 """The algorithm-agnostic training loop of one rank.
 
-The trainer builds what a rank trains (data, model, optimizer, schedule, plugin), restores it on
-resume, and loops: this rank's forward and backward (`LocalStep`), then `plugin.step`, which
+The trainer builds what a rank trains (data, model, optimizer, schedule, plugin) for the plan's
+task (`core.task`: the loss a step differentiates, the metrics evaluation reports and the
+direction selection follows; nothing here assumes images or classes), restores it on resume,
+and loops: this rank's forward and backward (`LocalStep`), then `plugin.step`, which
 communicates and applies the update as its algorithm says. At fixed points it hands over to its
 components, which read the shared `TrainState`: after a step the report, the evaluator, the
 checkpointer and the stop agreement; at the end the plugin's finalize, the final evaluation and
@@ -58,8 +60,9 @@ class Trainer:
         streams = build_streams(cfg.data, data_request(plan, ctx, replica))
         self.train_stream, self.eval_stream, self.val_stream = streams.train, streams.test, streams.val
         self.split_record = streams.split  # (summary.json: partition, skew, validation size)
+        self.task = plan.task
         # selection reads validation only; without a validation split nothing is selected
-        self.best_metric = cfg.checkpoint.best_metric if self.val_stream is not None else None
+        self.best_metric = plan.best_metric if self.val_stream is not None else None
         seed_everything(cfg.seed)  # identical initial model on every rank
         self.model = build_model(cfg.model, plan.spec).to(ctx.device)
         self.compute = prepare_model(self.model, cfg.train.channels_last, cfg.train.compile,
@@ -68,8 +71,8 @@ class Trainer:
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * self.steps_per_epoch
         self.optimizer = build_optimizer(self.model, cfg.optim, plan.hyper.peak_lr)
         self.schedule = Schedule(cfg.sched, plan.hyper.peak_lr, self.total_steps, self.steps_per_epoch)
-        self.local = LocalStep(cfg.train, ctx, self.model, self.optimizer, plan.batch.micro, self.compute,
-                               self.algo.no_sync)
+        self.local = LocalStep(cfg.train, ctx, self.model, self.optimizer, plan.batch.micro, self.task,
+                               self.compute, self.algo.no_sync)
         self.imbalance = ImbalanceInjector(cfg.train.imbalance, ctx.rank)
         # faults name ranks; in fault-tolerant mode a rank is a replica (a world of its own)
         self.faults = FaultInjector(cfg.faults, replica.index if replica else ctx.rank,
@@ -85,10 +88,10 @@ class Trainer:
                                 "rng": Part(RngState(), heals=False)})
         self.clock = TrainClock(ctx.device, self.state, cfg.train.log_every_steps)
         self.checkpointer = Checkpointer(cfg.checkpoint, plan.run_dir, ctx, cfg.algo.name, plan.resume_keys,
-                                         self.saved.capture, self.total_steps)
+                                         self.saved.capture, self.total_steps, plan.best_metric)
         self.evaluator = Evaluator(cfg.train, self.best_metric, self.total_steps, self.algo, self.model,
                                    ctx, ctx.rank in plan.layout.evaluate, self.eval_stream, self.local.forward,
-                                   plan.spec.num_classes, quiesce=plan.num_train_ranks < ctx.world_size,
+                                   self.task, quiesce=plan.num_train_ranks < ctx.world_size,
                                    val_stream=self.val_stream)
         self.report: Optional[RunReport] = None
 
@@ -124,13 +127,17 @@ class Trainer:
                                self.steps_per_epoch)
         if self.reporting:
             self.report = RunReport(self.plan.run_dir, cfg.raw, cfg.logger, cfg.train.log_every_steps,
-                                    cfg.train.progress, self.facts, st, self.algo.plot_keys())
+                                    cfg.train.progress, self.facts, st, self.algo.plot_keys(), self.task)
         started = self.faults.start(st.step, saved is not None, self.reporting)
         if started is not None and started["event"] == "resume" and self.report:
             self.report.note({"kind": "restart", "step": st.step, "attempt": started["attempt"],
                               **fault_summary(self.faults.log.events(), self.plan.num_train_ranks)})
         stop = self.stop = StopAgreement(cfg.train.stop_after, cfg.train.preempt_check_every, self.total_steps,
                                          Budget.of(cfg.train), self.plan.batch.per_rank * self.plan.num_train_ranks)
+        if self.ft_rounds is not None:  # replicas agree on a stop in their rounds (engine/rank/ft_rounds.py)
+            rounds = self.ft_rounds
+            rounds.stop_pending = lambda: stop.signal.received is not None
+            stop.agreement = lambda: rounds.stop_note
         stopped: Optional[str] = None
         try:
             stopped = None if stop.resumed_spent(st, cfg.train, self.reporting) else self._loop(stop)
@@ -164,7 +171,7 @@ class Trainer:
             clock.after_step(st.step, self.total_steps)
             if self.report:
                 self.report.after_step(st, self.schedule.lr_at(st.step), self.is_worker,
-                                       {**self.algo.comm.as_metrics(), **self.algo.metrics()})
+                                       lambda: {**self.algo.comm.as_metrics(), **self.algo.metrics()})
             if stop.budget.active():  # (no per-step work without a budget)
                 st.budget_stop = stop.budget_spent(st.step, self.algo.comm.as_metrics()["comm_bytes"], st.elapsed())
                 if st.budget_stop is not None:  # the run ends here: _finish evaluates and checkpoints it
@@ -206,14 +213,14 @@ class Trainer:
     def _train_step(self, x: torch.Tensor, y: torch.Tensor, t0: float) -> None:
         st = self.state
         lr = self.schedule.apply(self.optimizer, st.step)
-        loss, correct = self.local.backward(x, y)
+        loss, hits = self.local.backward(x, y)
         self.imbalance.inject(st.step, time.perf_counter() - t0)
         self.algo.step(StepContext(step=st.step, epoch=st.epoch, loss=loss, lr=lr,
                                    optimizer_step=self.local.optimizer_step))
         self.optimizer.zero_grad(set_to_none=False)
         st.samples_seen += len(x) * self.plan.num_train_ranks
         if self.report:
-            self.report.train_batch(loss, correct, len(x))
+            self.report.train_batch(loss, hits, len(x))
 
     def _evaluate(self) -> tuple[dict[str, float], bool]:
         result, improved = self.evaluator.run(self.state)
@@ -231,8 +238,11 @@ class Trainer:
         mine = {"rank": self.ctx.rank, "worker": self.is_worker, "comm": self.algo.comm.as_metrics(),
                 "algo": self.algo.summary(), "imbalance_s": self.imbalance.injected_s,
                 **({"ft": self.ft_rounds.summary()} if self.ft_rounds is not None else {})}
+        sizes = {f"{name}_samples": stream.num_samples
+                 for name, stream in (("test", self.eval_stream), ("val", self.val_stream)) if stream is not None}
         summary = gather_summary(mine, self.ctx.world_size, self.reporting, result, st, self.facts,
-                                 self.best_metric, self.plan.algo.merge_summaries, self.split_record)
+                                 self.best_metric, self.plan.algo.merge_summaries, self.split_record,
+                                 self.plan.best_metric, sizes)
         if summary is None:
             return None
         summary.update(self.stop.summary(st.budget_stop, {"samples": st.samples_seen, "bytes": summary["comm_bytes"],

@@ -1,12 +1,19 @@
-"""Plots of a run from its metrics.jsonl: training loss and accuracy, test accuracy, LR and
-any plugin series the records carry (e.g. QSR's sync period H)."""
+"""Plots of a run from its metrics.jsonl: the task's metrics against step (training, validation,
+test), LR and any plugin series the records carry (e.g. QSR's sync period H)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 
-def plot_run(records: list[dict[str, Any]], out: Path, title: str) -> Path:
+LABELS = {"loss": "loss (nats)", "acc": "accuracy", "bpc": "bits per character", "ppl": "perplexity",
+          "top5": "top-5 accuracy"}
+
+
+def plot_run(records: list[dict[str, Any]], out: Path, title: str, panels: Sequence[str] = ("loss", "acc")) -> Path:
+    """One panel per metric of the task (`Task.plotted`: classification's loss and accuracy, a
+    language model's loss, bits per character and next-character accuracy) against step:
+    training (where the training log has it), validation and test."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -14,25 +21,22 @@ def plot_run(records: list[dict[str, Any]], out: Path, title: str) -> Path:
 
     train = [r for r in records if r.get("kind") == "train"]
     evals = [r for r in records if r.get("kind") == "eval"]
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
-    if train:
-        steps = [r["step"] for r in train]
-        ax_loss.plot(steps, [r["loss"] for r in train], label="train loss")
-        ax_acc.plot(steps, [r["acc"] for r in train], label="train acc", alpha=0.6)
-    if evals:
-        steps = [r["step"] for r in evals]
-        ax_loss.plot(steps, [r["test_loss"] for r in evals], "o-", label="test loss")
-        ax_acc.plot(steps, [r["test_acc"] for r in evals], "o-", label="test acc")
-        if "val_acc" in evals[0]:
-            ax_loss.plot(steps, [r["val_loss"] for r in evals], "s--", label="validation loss")
-            ax_acc.plot(steps, [r["val_acc"] for r in evals], "s--", label="validation acc")
-    ax_loss.set_xlabel("step")
-    ax_loss.set_ylabel("loss")
-    ax_loss.legend()
-    ax_acc.set_xlabel("step")
-    ax_acc.set_ylabel("accuracy")
-    ax_acc.set_ylim(0, 1)
-    ax_acc.legend()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, name in zip(axes[0], panels):
+        word = "acc" if name == "acc" else name
+        if train and name in train[0]:
+            ax.plot([r["step"] for r in train], [r[name] for r in train], label=f"train {word}",
+                    alpha=0.6 if name == "acc" else 1.0)
+        for prefix, style, label in (("test", "o-", "test"), ("val", "s--", "validation")):
+            key = f"{prefix}_{name}"
+            rows = [r for r in evals if r.get(key) is not None]
+            if rows:
+                ax.plot([r["step"] for r in rows], [r[key] for r in rows], style, label=f"{label} {word}")
+        ax.set_xlabel("step")
+        ax.set_ylabel(LABELS.get(name, name))
+        if name in ("acc", "top5"):
+            ax.set_ylim(0, 1)
+        ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(out, dpi=100)

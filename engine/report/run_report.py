@@ -1,7 +1,7 @@
 """What the reporting rank shows and writes while a run trains: the progress bar, one
 metrics.jsonl line per log step and per evaluation (and wandb), and at the end summary.json,
-the plots and the one-screen summary. It reads the shared `TrainState` and the run's fixed
-`RunFacts`, never the trainer."""
+the plots and the one-screen summary, each in the task's metrics (`core.task`). It reads the
+shared `TrainState` and the run's fixed `RunFacts`, never the trainer."""
 from __future__ import annotations
 
 import json
@@ -9,17 +9,21 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from core.provenance import code_version
 from core.rundir import RunDir
+from core.task import Task
 from engine.report.metrics import LoggerConfig, Reporter, read_metrics
 from engine.report.plots import plot_run, plot_series
 from engine.report.summary import print_summary
 from engine.report.utilisation import utilisation
+
+#: steps of a log window kept as they came before they are summed (bounds a long window's memory)
+FOLD_EVERY = 64
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,8 @@ class RunFacts:
     num_gpus: int = 0  # GPUs the job trains on (0: the CPU)
     flops_per_sample: Optional[float] = None  # the model's training FLOPs per sample (models.flops)
     peak_flops: Optional[float] = None  # one GPU's peak at the run's precision (None: unknown, CPU)
+    task: str = "classification"  # core.spec's task name (summary.json `task`)
+    tokens_per_sample: Optional[int] = None  # a text window's predicted tokens (None: not a text)
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -51,8 +57,9 @@ def write_json(path: Path, obj: Any) -> None:
 
 class RunReport:
     def __init__(self, run_dir: RunDir, raw: DictConfig, logger: LoggerConfig, log_every: int,
-                 progress: bool, facts: RunFacts, state: Any, plot_keys: list[str]) -> None:
+                 progress: bool, facts: RunFacts, state: Any, plot_keys: list[str], task: Task) -> None:
         self.run_dir, self.facts, self.log_every, self.plot_keys = run_dir, facts, log_every, plot_keys
+        self.task = task
         # the code this segment runs, read as it starts (a commit landing mid-run is not this run's)
         self.code = code_version()
         run_dir.config.write_text(OmegaConf.to_yaml(raw, resolve=True))
@@ -60,10 +67,14 @@ class RunReport:
         self.reporter = Reporter(run_dir, logger, OmegaConf.to_container(raw, resolve=True), state.resumed_from)
         if facts.network is not None:  # what the following records ran on (a resumed part may differ)
             self.reporter.log({"kind": "run", "step": state.step, "network": facts.network})
-        # running sums stay on the loss's device: reading them every step would wait for the GPU
-        self._loss: Optional[torch.Tensor] = None
-        self._correct: Optional[torch.Tensor] = None
-        self._seen = self._window_samples = 0
+        # the window's steps stay on the loss's device until a log step reads them (reading every
+        # step would wait for the GPU), as they came: summing them each step cost more tensor
+        # operations than a small model's step has to spare
+        self._losses: list[torch.Tensor] = []
+        self._sizes: list[int] = []
+        self._hits: list[torch.Tensor] = []
+        self._folded: Optional[tuple[torch.Tensor, int, torch.Tensor, int]] = None  # (loss sum, samples, hits, predictions)
+        self._window_samples = 0
         self._window_train_s, self._window_wait_s = state.train_seconds, state.data_wait_seconds
         self.bar = None
         if progress:
@@ -72,14 +83,41 @@ class RunReport:
             self.bar = tqdm(total=facts.total_steps, initial=state.step, desc=facts.algo, unit="step",
                             file=sys.stderr, dynamic_ncols=True, leave=True)
 
-    def train_batch(self, loss: torch.Tensor, correct: torch.Tensor, n: int) -> None:
-        loss = loss.detach().double() * n
-        self._loss = loss if self._loss is None else self._loss + loss
-        self._correct = correct if self._correct is None else self._correct + correct
-        self._seen += n
+    def train_batch(self, loss: torch.Tensor, hits: torch.Tensor, n: int) -> None:
+        """One step's batch on this rank: its mean loss over `n` samples, and which of its
+        predictions (a sample's class, or a text's next tokens: `Task.hits`) were right."""
+        self._losses.append(loss.detach())
+        self._sizes.append(n)
+        self._hits.append(hits)
+        if len(self._losses) >= FOLD_EVERY:  # a long log window keeps sums, not every step's tensors
+            self._folded = self._fold()
+            self._losses, self._sizes, self._hits = [], [], []
 
-    def after_step(self, state: Any, lr: float, trained: bool, metrics: dict[str, float]) -> None:
-        """`trained`: this rank took a training step (the window counts the global batch)."""
+    def _fold(self) -> Optional[tuple[torch.Tensor, int, torch.Tensor, int]]:
+        """The window's sums so far, on the loss's device: (loss x samples, samples, right
+        predictions, predictions); None before the first batch."""
+        if not self._losses:
+            return self._folded
+        losses = torch.stack(self._losses).double()
+        sizes = torch.tensor(self._sizes, dtype=torch.float64, device=losses.device)
+        hits = torch.cat([h.reshape(-1) for h in self._hits])
+        loss_sum, seen, right, counted = (losses * sizes).sum(), sum(self._sizes), hits.sum(), hits.numel()
+        if self._folded is not None:
+            f_loss, f_seen, f_right, f_counted = self._folded
+            loss_sum, seen, right, counted = f_loss + loss_sum, f_seen + seen, f_right + right, f_counted + counted
+        return loss_sum, seen, right, counted
+
+    def _window_loss_acc(self) -> tuple[float, float]:
+        """The window's mean training loss (over samples) and accuracy (over predictions)."""
+        sums = self._fold()
+        if sums is None:  # a rank that serves: no training batches
+            return 0.0, 0.0
+        loss_sum, seen, right, counted = sums
+        return loss_sum.item() / max(seen, 1), int(right) / max(counted, 1)
+
+    def after_step(self, state: Any, lr: float, trained: bool, metrics: Callable[[], dict[str, float]]) -> None:
+        """`trained`: this rank took a training step (the window counts the global batch);
+        `metrics`: the plugin's and its communication's numbers, read at log steps only."""
         self._window_samples += self.facts.global_batch if trained else 0
         if self.bar is not None:
             self.bar.update(1)
@@ -90,20 +128,20 @@ class RunReport:
         sps = self._window_samples / train_s
         f = self.facts
         used = utilisation(sps, f.num_gpus, f.flops_per_sample, f.peak_flops)
-        loss = self._loss.item() if self._loss is not None else 0.0
-        correct = int(self._correct) if self._correct is not None else 0
+        loss, acc = self._window_loss_acc()
         record: dict[str, Any] = {
             "kind": "train", "step": state.step, "epoch": self._epoch(state), "lr": lr,
-            "loss": loss / max(self._seen, 1), "acc": correct / max(self._seen, 1),
+            "loss": loss, "acc": acc,
             "samples_per_s": sps, "data_wait_frac": (state.data_wait_seconds - self._window_wait_s) / train_s,
-            **({"mfu": used["mfu"]} if used["mfu"] is not None else {}), **metrics,
+            **({"mfu": used["mfu"]} if used["mfu"] is not None else {}), **metrics(),
         }
         self.reporter.log(record)
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record['acc']:.3f}", sps=f"{sps:.0f}",
                                  refresh=False)
-        self._loss = self._correct = None
-        self._seen = self._window_samples = 0
+        self._losses, self._sizes, self._hits = [], [], []
+        self._folded = None
+        self._window_samples = 0
         self._window_train_s, self._window_wait_s = state.train_seconds, state.data_wait_seconds
 
     def note(self, record: dict[str, Any]) -> None:
@@ -117,8 +155,9 @@ class RunReport:
         self.reporter.log({"kind": "eval", "step": state.step, "epoch": self._epoch(state),
                            "wall_s": round(state.elapsed(), 3), **result, **comm})
         if self.bar is not None:
-            val = f"val_acc {result['val_acc']:.4f}  val_loss {result['val_loss']:.4f}  " if "val_acc" in result else ""
-            self.bar.write(f"step {state.step}: {val}test_acc {result['test_acc']:.4f}  test_loss {result['test_loss']:.4f}")
+            shown = [f"{prefix}_{name} {result[f'{prefix}_{name}']:.4f}" for prefix in ("val", "test")
+                     for name in self.task.shown if f"{prefix}_{name}" in result]
+            self.bar.write(f"step {state.step}: " + "  ".join(shown))
 
     def finish(self, summary: dict[str, Any]) -> None:
         if self.bar is not None:
@@ -131,7 +170,7 @@ class RunReport:
         records = read_metrics(self.run_dir.metrics)
         f = self.facts
         title = f"{f.algo} / {f.model} / {f.data} ({f.world_size} ranks)"
-        plot_run(records, self.run_dir.curves, title)
+        plot_run(records, self.run_dir.curves, title, self.task.plotted)
         series = [k for k in self.plot_keys if any(k in r for r in records)]
         if series:
             plot_series(records, ["lr", *series], self.run_dir.schedule_plot(f.algo), title)

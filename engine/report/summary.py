@@ -1,5 +1,7 @@
 """The run's summary: every rank's communication and plugin records gathered, combined into
-summary.json's numbers on the reporting rank, and printed as one screen."""
+summary.json's numbers on the reporting rank, and printed as one screen in the task's metrics
+(accuracy for classification; token loss, bits per character, perplexity and next-character
+accuracy for a language model)."""
 from __future__ import annotations
 
 import sys
@@ -8,16 +10,19 @@ from typing import Any, Callable, Optional
 
 import torch.distributed as dist
 
+from core.spec import LANGUAGE_MODEL
 from engine.report.utilisation import utilisation
 
 
-def selection(state: Any, best_metric: Optional[str]) -> dict[str, Any]:
-    """summary.json's selected point (docs/evaluation.md): the best validation value and its
-    step, and the test metrics at that evaluation (`test_acc_at_best`: what a table reports on
-    test). None throughout when there is no validation split: test never stands in."""
+def selection(state: Any, best_metric: Optional[str], name: str = "val_acc") -> dict[str, Any]:
+    """summary.json's selected point (docs/evaluation.md): the best validation value
+    (`best_<metric>`: `best_val_acc`, `best_val_loss`) and its step, and the test metrics at that
+    evaluation (`test_acc_at_best`, `test_loss_at_best`, ...: what a table reports on test). None
+    throughout when there is no validation split (`best_metric` None; `name` is the metric that
+    would have selected): test never stands in."""
     at_best = {f"{k}_at_best": v for k, v in state.test_at_best.items()} if best_metric else {}
     return {"best_metric": best_metric,
-            f"best_{best_metric or 'val_acc'}": state.best if best_metric else None,
+            f"best_{best_metric or name}": state.best if best_metric else None,
             "best_step": state.best_step if best_metric else None,
             "test_acc_at_best": at_best.get("test_acc_at_best"), **at_best,
             # the old column's name, now the test value at the validation-selected point (tables read it)
@@ -27,10 +32,13 @@ def selection(state: Any, best_metric: Optional[str]) -> dict[str, Any]:
 def gather_summary(mine: dict[str, Any], world_size: int, reporting: bool, result: dict[str, float],
                    state: Any, facts: Any, best_metric: Optional[str],
                    merge_algo: Callable[[list[dict[str, Any]]], dict[str, Any]],
-                   split: Optional[dict[str, Any]] = None) -> Optional[dict[str, Any]]:
+                   split: Optional[dict[str, Any]] = None, selection_name: str = "val_acc",
+                   eval_sizes: Optional[dict[str, int]] = None) -> Optional[dict[str, Any]]:
     """A collective: every rank hands in `mine` ({rank, worker, comm, algo, imbalance_s}); the
     reporting rank gets the summary, the others None. `best_metric`: the validation metric that
-    selects (None: no validation split); `split`: the data split's record (`data.split`)."""
+    selects (None: no validation split; `selection_name`: the one that would); `split`: the data
+    split's record (`data.split`); `eval_sizes`: the evaluation sets' sizes (`test_samples`,
+    `val_samples`: images, signals or text windows), the floor under a table's intervals."""
     every: list[Any] = [None] * world_size
     dist.all_gather_object(every, mine)
     if not reporting:
@@ -41,7 +49,9 @@ def gather_summary(mine: dict[str, Any], world_size: int, reporting: bool, resul
     samples_per_s = steady_samples / steady_s if steady_s else 0.0
     summary: dict[str, Any] = {
         **result,
-        **selection(state, best_metric),
+        **selection(state, best_metric, selection_name),
+        "task": facts.task,
+        **(eval_sizes or {}),
         "steps": state.step,
         "epochs": state.step / max(facts.steps_per_epoch, 1),
         "wall_s": round(state.elapsed(), 3),
@@ -49,6 +59,8 @@ def gather_summary(mine: dict[str, Any], world_size: int, reporting: bool, resul
         # steady-state: over training time (evaluation and checkpoints excluded) after each
         # segment's first log window, whose seconds are `warmup_s` (engine/train/clock.py)
         "samples_per_s": samples_per_s,
+        # a text's samples are windows: the same rate in tokens (predicted positions)
+        **({"tokens_per_s": samples_per_s * facts.tokens_per_sample} if facts.tokens_per_sample else {}),
         "warmup_s": round(state.warmup["seconds"], 3),
         # optimizer steps per second summed over the training ranks: a parameter server's worker updates/s
         "updates_per_s": state.step * facts.train_ranks / state.train_seconds if state.train_seconds else 0.0,
@@ -85,11 +97,42 @@ def gather_summary(mine: dict[str, Any], world_size: int, reporting: bool, resul
 
 
 def _selected(summary: dict[str, Any]) -> str:
-    best = summary.get("best_val_acc")
+    metric = summary.get("best_metric")
+    best = summary.get(f"best_{metric}") if metric else None
     if best is None:
         return "- (no validation split: nothing selected)"
-    at = summary.get("test_acc_at_best")
+    test = f"test_{metric.removeprefix('val_')}_at_best"
+    at = summary.get(test)
     return f"{best:.4f} at step {summary['best_step']}" + (f" (test there {at:.4f})" if at is not None else "")
+
+
+def _classification_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    top5 = f"  (top-5 {summary['test_top5']:.4f})" if "test_top5" in summary else ""
+    val = f"  (validation {summary['val_acc']:.4f})" if "val_acc" in summary else ""
+    return [("test accuracy", f"{summary['test_acc']:.4f}{top5}{val}"),
+            (f"best validation {_metric_words(summary, 'accuracy')}", _selected(summary)),
+            ("test loss", f"{summary['test_loss']:.4f}")]
+
+
+def _language_model_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    val = f"  (validation {summary['val_loss']:.4f})" if "val_loss" in summary else ""
+    return [("test loss", f"{summary['test_loss']:.4f} nats per character{val}"),
+            ("test bits per character", f"{summary['test_bpc']:.4f}  (perplexity {summary['test_ppl']:.2f})"),
+            ("next-character accuracy", f"{summary['test_acc']:.4f}"),
+            (f"best validation {_metric_words(summary, 'loss')}", _selected(summary))]
+
+
+def _metric_words(summary: dict[str, Any], default: str) -> str:
+    """The selecting metric in words for the summary screen (`val_acc`: accuracy, `val_bpc`: bpc)."""
+    metric = summary.get("best_metric")
+    if not metric:
+        return default
+    name = metric.removeprefix("val_")
+    return {"acc": "accuracy", "loss": "loss", "top5": "top-5 accuracy"}.get(name, name)
+
+
+def _unit(summary: dict[str, Any]) -> str:
+    return "windows" if summary.get("task") == LANGUAGE_MODEL else "samples"
 
 
 def _per_gpu(summary: dict[str, Any]) -> str:
@@ -105,16 +148,14 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     from rich.table import Table
 
     table = Table(title=f"syncopt: {summary['algo']} on {summary['data']}", show_header=False, box=None)
-    top5 = f"  (top-5 {summary['test_top5']:.4f})" if "test_top5" in summary else ""
-    val = f"  (validation {summary['val_acc']:.4f})" if "val_acc" in summary else ""
+    lm = summary.get("task") == LANGUAGE_MODEL
+    tokens = f", {summary['tokens_per_s']:.0f} tokens/s" if lm and summary.get("tokens_per_s") else ""
     rows = [
-        ("test accuracy", f"{summary['test_acc']:.4f}{top5}{val}"),
-        ("best validation accuracy", _selected(summary)),
-        ("test loss", f"{summary['test_loss']:.4f}"),
+        *(_language_model_rows(summary) if lm else _classification_rows(summary)),
         ("steps / epochs", f"{summary['steps']} / {summary['epochs']:.2f}"),
         ("ranks (training)", f"{summary['world_size']} ({summary['train_ranks']})"),
         ("global batch / peak lr", f"{summary['global_batch']} / {summary['peak_lr']:g}"),
-        ("throughput", f"{summary['samples_per_s']:.0f} samples/s{_per_gpu(summary)}"),
+        ("throughput", f"{summary['samples_per_s']:.0f} {_unit(summary)}/s{tokens}{_per_gpu(summary)}"),
         ("waiting for data", f"{summary['data_wait_frac']:.1%} of training time"),
         ("synchronisations per worker", str(summary["syncs"])),
         ("communicated", f"{summary['comm_bytes'] / 1e6:.2f} MB sent (all ranks), {summary['comm_s']:.2f} s"),

@@ -5,8 +5,9 @@ to, the seeds, and the paper's published numbers for each row with their source.
 is its own run directory, `<table dir>/<label>/seed_<s>/`.
 
 The rows a table runs are its listed rows expanded (`expand_rows`): `every_algorithm: true` adds
-one row per registered algorithm from its CPU recipe, `recipes/cpu/<algo>.yaml`, and one per
-other recipe in that folder (methods composed from an algorithm, e.g. a compressor); `variants`
+one row per registered algorithm from its CPU recipe, `recipes/cpu/<algo>.yaml` (or the same
+methods on another task: `recipe_set: cpu_mnist1d | cpu_lm`), and one per other recipe in that
+folder (methods composed from an algorithm, e.g. a compressor); `variants`
 repeats every row under each named set of overrides (IID and skewed data side by side);
 `budget` puts every row on the same `train.budget_*`; `quick: true` keeps `quick_rows` (and the
 baseline row), the first seed and no tuning, for a test or CI.
@@ -133,7 +134,11 @@ class TableConfig(Section):
     # run on a tree with uncommitted changes (refused otherwise); table.md says so
     allow_dirty: bool = False
     budget: dict[str, Any] = field(default_factory=dict)  # e.g. {train.budget_samples: 42240}: every row
-    every_algorithm: bool = False  # one row per registered algorithm from recipes/cpu/<algo>.yaml
+    every_algorithm: bool = False  # one row per registered algorithm from recipes/<recipe_set>/<algo>.yaml
+    # the every-algorithm rows' recipes: cpu (the default digits task), cpu_mnist1d (MNIST-1D's 1-D
+    # CNN on 60,000 / 10,000 signals) or cpu_lm (the character-level GPT on Shakespeare): the same
+    # methods, each folder's files the algorithms' recipes of cpu/ over that folder's _task.yaml
+    recipe_set: str = option("cpu", choices=("cpu", "cpu_mnist1d", "cpu_lm"))
     # what the every-algorithm rows' recipes must share (checked by tests/test_tables.py): the
     # composed config's model, data, epochs, global batch and ranks, msgd on one process
     row_constraints: dict[str, Any] = field(default_factory=dict)
@@ -153,6 +158,7 @@ class TableConfig(Section):
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 CPU_RECIPES = RECIPES / "cpu"  # every algorithm's own CPU recipe on the default digits task
+TASK_FILE = "_task.yaml"  # in recipes/cpu_<task>/: the task those files put cpu/'s methods on
 
 
 PLOTS = ("accuracy", "intervals", "pareto", "throughput", "wall", "levels", "workers")  # engine/tables/plots.py draws
@@ -165,10 +171,14 @@ def algorithm_rows(folder: Path = CPU_RECIPES) -> list[RowConfig]:
     algos = dist_algos.list_algorithms()
     missing = [a for a in algos if not (folder / f"{a}.yaml").is_file()]
     if missing:
+        if (folder / TASK_FILE).is_file():  # a set on another task: its files are cpu/'s over its task
+            what = (f"`defaults: [/recipe/cpu/{missing[0]}, /recipe/{folder.name}/_task]`): the algorithm's "
+                    f"digits recipe on this set's task")
+        else:
+            what = (f"`defaults: [override /algo: {missing[0]}]`) on the default digits task "
+                    f"(small_cnn, digits, 30 epochs, 4 ranks x batch 32)")
         raise UserError(f"algorithm {missing[0]} has no CPU recipe for every-algorithm tables: create "
-                        f"{folder / (missing[0] + '.yaml')} (`# @package _global_`, "
-                        f"`defaults: [override /algo: {missing[0]}]`) on the default digits task "
-                        f"(small_cnn, digits, 30 epochs, 4 ranks x batch 32)")
+                        f"{folder / (missing[0] + '.yaml')} (`# @package _global_`, {what}")
     methods = sorted(p.stem for p in folder.glob("*.yaml") if p.stem not in algos and not p.stem.startswith("_"))
     return [RowConfig(label=name, recipe=f"{folder.name}/{name}") for name in [*algos, *methods]]
 
@@ -213,7 +223,7 @@ def expand_rows(table: TableConfig) -> TableConfig:
     rows = list(table.rows)
     if table.every_algorithm:  # registry order; a listed row takes its algorithm's place
         listed = {r.label: r for r in rows}
-        found = algorithm_rows()
+        found = algorithm_rows(RECIPES / table.recipe_set)
         found_labels = {f.label for f in found}
         rows = [listed.get(r.label, r) for r in found] + [r for r in rows if r.label not in found_labels]
     if table.quick:

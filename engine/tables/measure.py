@@ -6,8 +6,10 @@ settings on its validation counterpart (`table.select_metric`); both share a dir
 `table.better` (`higher` or `lower`), or, left unset, the direction their names imply:
 
 - higher is better: accuracies (`*_acc`, `*_top5`, `best_val_acc`, `test_acc_at_best`);
-- lower is better: losses (`*_loss`), `bits_per_char`, `perplexity` (and `*_bits_per_char`,
-  `*_perplexity`, as a language model's validation and test values may be named).
+- lower is better: losses (`*_loss`), a language model's bits per character and perplexity
+  (`*_bpc`, `*_ppl`, as core/task.py names them in summary.json; `bits_per_char`, `perplexity`).
+
+The names of core/task.py's metrics carry one direction in every task (`core.task.METRIC_DIRECTIONS`).
 
 A metric whose name implies neither needs `table.better`; the table refuses it in one line.
 
@@ -22,22 +24,24 @@ import enum
 from dataclasses import dataclass
 from typing import Optional
 
+from core.task import METRIC_DIRECTIONS
+
 
 class Better(enum.StrEnum):
     higher = "higher"
     lower = "lower"
 
 
-_LOWER_SUFFIXES = ("_loss", "bits_per_char", "perplexity")
-_HIGHER_SUFFIXES = ("_acc", "_top5", "_acc_at_best", "_top5_at_best")
+_LOWER_SUFFIXES = ("bits_per_char", "perplexity", *(f"_{m}" for m, up in METRIC_DIRECTIONS.items() if not up))
+_HIGHER_SUFFIXES = tuple(f"_{m}" for m, up in METRIC_DIRECTIONS.items() if up)
 
 
 def implied_direction(metric: str) -> Optional[Better]:
     """The direction a metric's name implies (None: its name says nothing)."""
     base = metric.removesuffix("_at_best")
-    if base.endswith(_LOWER_SUFFIXES) or base in ("loss", "bits_per_char", "perplexity"):
+    if base.endswith(_LOWER_SUFFIXES) or base in ("bits_per_char", "perplexity") or METRIC_DIRECTIONS.get(base) is False:
         return Better.lower
-    if base.endswith(_HIGHER_SUFFIXES) or base in ("acc", "top5"):
+    if base.endswith(_HIGHER_SUFFIXES) or METRIC_DIRECTIONS.get(base):
         return Better.higher
     return None
 

@@ -16,6 +16,7 @@ from core.distenv import DistContext
 from core.errors import UserError
 from core.rundir import RunDir
 from core.schema import Section, option
+from core.task import Task
 from engine.checkpoint import files
 from engine.checkpoint.collective import save_checkpoint
 from engine.train.state import TrainState
@@ -27,29 +28,39 @@ class CheckpointConfig(Section):
     every_epochs: Optional[int] = option(1, ge=1)
     keep_last: int = option(2, ge=1)  # complete checkpoints kept (the best is kept besides)
     keep_best: bool = True
-    best_metric: str = "val_acc"  # a validation metric, higher is better: val_acc | val_top5
-
-
-#: what `checkpoint.best_metric` may name: validation metrics where higher is better
-BEST_METRICS = ("val_acc", "val_top5")
+    # the validation metric that selects (val_acc, val_top5, val_loss, val_bpc, ...: any of the
+    # task's), in the task's direction; null: the task's own (val_acc for classification, val_loss
+    # for a language model; core/task.py)
+    best_metric: Optional[str] = None
 
 
 def check_checkpoint(cfg: CheckpointConfig) -> None:
-    """Selection reads validation only: a test metric (or anything not a higher-is-better
-    validation metric) is refused before launch, in one line."""
-    if cfg.best_metric.startswith("test_"):
+    """Selection reads validation only: a test metric is refused before launch, in one line
+    (whether the name is a metric of the run's task is `selection_metric`'s, once the data's task
+    is known)."""
+    if cfg.best_metric is not None and cfg.best_metric.startswith("test_"):
         raise UserError(f"checkpoint.best_metric={cfg.best_metric} selects on the test set, which must never "
                         f"choose anything; use checkpoint.best_metric=val_{cfg.best_metric[5:]} (validation: "
                         "data.val_fraction / data.val_count)")
-    if cfg.best_metric not in BEST_METRICS:
-        raise UserError(f"checkpoint.best_metric={cfg.best_metric} is not a validation metric where higher is "
-                        f"better; use one of {', '.join(BEST_METRICS)}")
+
+
+def selection_metric(cfg: CheckpointConfig, task: Task, data: str) -> str:
+    """The validation metric that selects: `checkpoint.best_metric`, or the task's default; a name
+    that is not one of the task's validation metrics is refused in one line naming those that are."""
+    metric = cfg.best_metric or task.selection_metric
+    names = [f"val_{m.name}" for m in task.metrics]
+    if metric not in names:
+        raise UserError(f"checkpoint.best_metric={metric} is not a validation metric of data={data} (a "
+                        f"{task.name} task); use one of {', '.join(names)}")
+    return metric
 
 
 class Checkpointer:
     def __init__(self, cfg: CheckpointConfig, run_dir: RunDir, ctx: DistContext, algo: str,
-                 keys: dict[str, Any], capture: Callable[[], dict[str, Any]], total_steps: int) -> None:
+                 keys: dict[str, Any], capture: Callable[[], dict[str, Any]], total_steps: int,
+                 best_metric: Optional[str] = None) -> None:
         self.cfg, self.run_dir, self.ctx = cfg, run_dir, ctx
+        self.best_metric = best_metric or cfg.best_metric  # the plan's `selection_metric`
         self.algo, self.keys, self.capture, self.total_steps = algo, keys, capture, total_steps
         self._saved_step: Optional[int] = None
 
@@ -92,4 +103,4 @@ class Checkpointer:
 
     def mark_best(self, state: TrainState) -> None:
         if self.ctx.rank == 0:
-            files.mark_best(self.run_dir, state.step, self.cfg.best_metric, state.best)
+            files.mark_best(self.run_dir, state.step, str(self.best_metric), state.best)

@@ -2,7 +2,8 @@
 and summed over all ranks, and the evaluation cadence of a run (`Evaluator`).
 
 Selection (the best checkpoint, `best_*` in summary.json, tuning in tables) reads validation
-metrics only (`val_*`); test metrics are reported at the same points for the curves and for the
+metrics only (`val_*`), in the direction the task gives the metric (`core.task`: accuracy
+higher, loss lower); test metrics are reported at the same points for the curves and for the
 test value at the selected point (`test_acc_at_best`), and never choose anything. docs/evaluation.md."""
 from __future__ import annotations
 
@@ -11,41 +12,32 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
+
+from core.task import Task
 
 
 @torch.no_grad()
 def evaluate(model: Optional[nn.Module], batches: Any, forward: Callable[[nn.Module, torch.Tensor], torch.Tensor],
-             device: torch.device, num_classes: int, group: Optional[dist.ProcessGroup] = None,
+             device: torch.device, task: Task, group: Optional[dist.ProcessGroup] = None,
              prefix: str = "test") -> dict[str, float]:
-    """Top-1 (and top-5 with more than 5 classes) accuracy and mean loss over a whole evaluation
-    set, as `{prefix}_acc`, `{prefix}_loss` (`{prefix}_top5`).
+    """The task's metrics over a whole evaluation set, as `{prefix}_<metric>` (classification:
+    `_loss`, `_acc`, and `_top5` with more than 5 classes; a language model: `_loss`, `_ppl`,
+    `_bpc`, `_acc`): each batch's `task.batch_sums` added, all-reduced over ranks, then finished.
 
     Every rank calls this (a collective); ranks that do not evaluate pass `model=None` and add
     zeros. `batches` yields this rank's slice of the set.
     """
-    sums = torch.zeros(4, dtype=torch.float64)  # loss, top1, top5, count
+    sums = task.zero_sums()
     if model is not None:
         was_training = model.training
         model.eval()
         for x, y in batches:
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            logits = forward(model, x).float()
-            sums[0] += F.cross_entropy(logits, y, reduction="sum").item()
-            k = min(5, num_classes)
-            top = logits.topk(k, dim=1).indices
-            hits = top.eq(y[:, None])
-            sums[1] += hits[:, 0].sum().item()
-            sums[2] += hits.any(dim=1).sum().item()
-            sums[3] += len(y)
+            sums += task.batch_sums(forward(model, x), y)
         model.train(was_training)
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(sums, group=group)
-    count = max(sums[3].item(), 1.0)
-    out = {f"{prefix}_loss": sums[0].item() / count, f"{prefix}_acc": sums[1].item() / count}
-    if num_classes > 5:
-        out[f"{prefix}_top5"] = sums[2].item() / count
-    return out
+    return task.finish(sums, prefix)
 
 
 class Evaluator:
@@ -53,17 +45,18 @@ class Evaluator:
     after the plugin's finalize) and how: the plugin's evaluation model on the evaluating ranks,
     the validation split (when there is one) and the test set sharded over them, plus the bytes
     all ranks have sent so far (the x-axis of accuracy-against-communication plots). Updates the
-    best validation metric in the training state, and the test metrics at it; with no
-    validation split (`best_metric` None) nothing is selected."""
+    best validation metric in the training state (better in the task's direction; a tie keeps
+    the first), and the test metrics at it; with no validation split (`best_metric` None)
+    nothing is selected."""
 
     def __init__(self, train_cfg: Any, best_metric: Optional[str], total_steps: int, algo: Any, model: nn.Module,
                  ctx: Any, evaluates: bool, eval_stream: Any,
-                 forward: Callable[[nn.Module, torch.Tensor], torch.Tensor], num_classes: int, quiesce: bool,
+                 forward: Callable[[nn.Module, torch.Tensor], torch.Tensor], task: Task, quiesce: bool,
                  val_stream: Any = None) -> None:
         self.every_steps, self.every_epochs = train_cfg.eval_every_steps, train_cfg.eval_every_epochs
         self.best_metric, self.total_steps = best_metric, total_steps
         self.algo, self.model, self.ctx, self.evaluates = algo, model, ctx, evaluates
-        self.eval_stream, self.forward, self.num_classes = eval_stream, forward, num_classes
+        self.eval_stream, self.forward, self.task = eval_stream, forward, task
         self.val_stream, self.quiesce = val_stream, quiesce
 
     def due(self, step: int, epoch: int, epoch_end: bool) -> bool:
@@ -84,13 +77,13 @@ class Evaluator:
         for prefix, stream in (("val", self.val_stream), ("test", self.eval_stream)):
             if stream is not None:  # (every rank has a validation stream, or none: a collective)
                 result.update(evaluate(model, stream.batches() if model is not None else iter(()),
-                                       self.forward, self.ctx.device, self.num_classes, prefix=prefix))
+                                       self.forward, self.ctx.device, self.task, prefix=prefix))
         sent = torch.tensor([float(self.algo.comm.as_metrics()["comm_bytes"])], dtype=torch.float64)
         dist.all_reduce(sent)
         result = {**result, "comm_bytes_total": int(sent.item())}
         state.last_eval = result
         metric = result.get(self.best_metric) if self.best_metric else None
-        improved = metric is not None and (state.best is None or metric > state.best)
+        improved = metric is not None and self.task.better(self.best_metric, metric, state.best)
         if improved:
             state.best, state.best_step = metric, state.step
             state.test_at_best = {k: v for k, v in result.items() if k.startswith("test_")}

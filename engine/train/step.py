@@ -1,5 +1,6 @@
 """One rank's local computation of a step: forward and backward over micro-batches (gradient
-accumulation), under autocast at the configured precision, in the model's memory layout and
+accumulation) of the task's loss (`core.task`: cross-entropy over classes, or over every
+position's next token), under autocast at the configured precision, in the model's memory layout and
 through its compiled forward where configured (`engine.train.compute`), and the local optimizer
 update that plugins trigger through `StepContext.optimizer_step` (unscale, clip, step)."""
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch.nn as nn
 
 from core.distenv import DistContext
 from core.errors import UserError
+from core.task import Task
 from engine.train.compute import ModelCompute
 from engine.train.config import Precision, TrainConfig
 
@@ -32,15 +34,15 @@ def resolve_precision(requested: Precision, is_cuda: bool) -> Precision:
 
 class LocalStep:
     def __init__(self, cfg: TrainConfig, ctx: DistContext, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 micro_batch: int, compute: Optional[ModelCompute] = None,
+                 micro_batch: int, task: Task, compute: Optional[ModelCompute] = None,
                  no_sync: Callable[[], AbstractContextManager[Any]] = nullcontext) -> None:
-        self.ctx, self.model, self.optimizer, self.micro = ctx, model, optimizer, micro_batch
+        self.ctx, self.model, self.optimizer, self.micro, self.task = ctx, model, optimizer, micro_batch, task
         self.compute = compute or ModelCompute(channels_last=False, train_module=model)
         self.no_sync = no_sync  # the plugin's: held around every micro-batch's backward but the last
         self.grad_clip: Optional[float] = cfg.grad_clip
         self.precision = resolve_precision(cfg.precision, ctx.is_cuda)
         self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=self.precision == Precision.fp16 and ctx.is_cuda)
-        self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+        self.label_smoothing = cfg.label_smoothing
 
     def forward(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """`model`'s output for `x`, in the model's layout and precision (evaluation, plugins'
@@ -50,21 +52,30 @@ class LocalStep:
             return model(self.compute.layout(x))
 
     def backward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Gradients of the batch's mean loss in `.grad`; returns (mean loss, correct count)."""
+        """Gradients of the batch's mean loss in `.grad`; returns (mean loss, which predictions
+        were right: `Task.hits`, one entry per sample or next token). Micro-batches are weighted
+        by their samples (a text window holds as many tokens as any other, so this is the mean
+        over tokens too)."""
         dev = self.ctx.device
         x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
-        self.model.train()
+        if not self.model.training:  # (every evaluation restores the mode, recursively: not walked each step)
+            self.model.train()
+        if len(x) <= self.micro:  # one micro-batch (the usual case): no accumulation to pay for
+            logits = self.forward(self.compute.train_module, x)
+            loss = self.task.loss(logits, y, self.label_smoothing)
+            self.scaler.scale(loss).backward()
+            return loss.detach(), self.task.hits(logits, y)
         loss_sum = torch.zeros((), device=dev)
-        correct = torch.zeros((), device=dev, dtype=torch.long)
+        hits = []
         chunks = list(zip(x.split(self.micro), y.split(self.micro)))
         for i, (xm, ym) in enumerate(chunks):
             logits = self.forward(self.compute.train_module, xm)
-            loss = self.criterion(logits.float(), ym)
+            loss = self.task.loss(logits, ym, self.label_smoothing)
             with self.no_sync() if i < len(chunks) - 1 else nullcontext():
                 self.scaler.scale(loss * (len(xm) / len(x))).backward()
             loss_sum += loss.detach() * len(xm)
-            correct += (logits.argmax(1) == ym).sum()
-        return loss_sum / len(x), correct
+            hits.append(self.task.hits(logits, ym))
+        return loss_sum / len(x), torch.cat(hits)
 
     def optimizer_step(self) -> None:
         """The local update from the current `.grad` (what `StepContext.optimizer_step` runs)."""

@@ -10,10 +10,11 @@ exits at once.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -34,7 +35,9 @@ class StopSignal:
     def _handle(self, signum: int, frame: object) -> None:
         if self.received is not None:
             print(f"second {signal.Signals(signum).name}: exiting without a checkpoint", file=sys.stderr, flush=True)
-            sys.exit(128 + signum)
+            # at once: not through the interpreter's exit, which joins every thread first, and one may be
+            # blocked in a native call for an hour (a torchft quorum); what was written stays written
+            os._exit(128 + signum)
         self.received = signal.Signals(signum).name
 
     def agreed(self, step: int, every: int, group: Optional[dist.ProcessGroup] = None) -> bool:
@@ -106,6 +109,9 @@ class StopAgreement:
         self.stop_after, self.check_every, self.total_steps = stop_after, check_every, total_steps
         self.budget, self.samples_per_step = budget, samples_per_step
         self.signal = StopSignal()
+        # fault-tolerant mode: the replicas agree on a stop in their rounds instead (engine/rank/ft_rounds.py):
+        # None while there is none, else a note on why ("": a signal, agreed in a round)
+        self.agreement: Optional[Callable[[], Optional[str]]] = None
 
     def budget_spent(self, step: int, sent_bytes: int, elapsed_s: float,
                      group: Optional[dist.ProcessGroup] = None) -> Optional[dict[str, Any]]:
@@ -163,6 +169,14 @@ class StopAgreement:
         """Why to stop after `step` (None: go on); a collective every `check_every` steps."""
         if self.stop_after is not None and self.stop_after <= step < self.total_steps:
             return Stop("stop_after", f"train.stop_after={self.stop_after}")
+        if self.agreement is not None:
+            note = self.agreement()
+            if note is None:
+                return None
+            if self.signal.received is None:
+                return Stop("signal", note or "signal on another replica")
+            said = f"signal {self.signal.received}"
+            return Stop("signal", f"{said}: {note}" if note else said)
         if self.signal.agreed(step, self.check_every):
             return Stop("signal", f"signal {self.signal.received or 'on another rank'}")
         return None

@@ -5,10 +5,20 @@ small model and optimizer on every rank, feeds rank r at step s the batch `worke
 calls `plugin.step` as the trainer would, and returns this rank's flat parameters after every
 step. A test then replays the same update in one process with K model copies
 (`make_workers`, `worker_batch`, `grad_step`) and compares.
+
+What is trained is the task's workload (`task_workload`): by default a small CNN on digits
+(classification); under `with task_workload("language_model")` a tiny GPT on windows of a fixed
+token sequence, so that a plugin's shape- or optimizer-state-dependent mechanics (low-rank
+matrices, tiles, AdamW moments) meet a transformer's parameters. `make_model`, `worker_batch` and
+`loss_of` follow the active workload, so every reference written against them runs on either.
 """
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Callable, Optional
 
 import torch
@@ -16,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 BATCH = 16
+TEXT_VOCAB, TEXT_CONTEXT = 75, 8  # the language-model workload: shakespeare_char's vocabulary size, short windows
 
 
 def digits() -> tuple[torch.Tensor, torch.Tensor]:
@@ -25,11 +36,82 @@ def digits() -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
-def make_model(seed: int = 0, batch_norm: bool = False) -> nn.Module:
+def _cnn(seed: int, batch_norm: bool) -> nn.Module:
     from models.small_cnn import small_cnn
 
     torch.manual_seed(seed)
     return small_cnn(1, 8, 10, width=4, batch_norm=batch_norm)
+
+
+def _digits_batch(worker: int, step: int, num_workers: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = digits()
+    start = ((step * num_workers + worker) * batch) % (len(x) - batch)
+    return x[start:start + batch], y[start:start + batch]
+
+
+def _cross_entropy(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(model(xb), yb)
+
+
+def _tiny_gpt(seed: int, batch_norm: bool) -> nn.Module:
+    from models.gpt import gpt
+
+    assert not batch_norm, "the GPT has no BatchNorm"
+    torch.manual_seed(seed)
+    return gpt(TEXT_VOCAB, TEXT_CONTEXT, layers=1, heads=2, width=8)
+
+
+@lru_cache(maxsize=1)
+def text_tokens() -> torch.Tensor:
+    """A fixed token sequence (seeded, no corpus to read): what the windows are cut from."""
+    return torch.randint(0, TEXT_VOCAB, (8192,), generator=torch.Generator().manual_seed(0))
+
+
+def _text_batch(worker: int, step: int, num_workers: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Windows of T + 1 tokens, disjoint between workers and steps (wrapping over the sequence)."""
+    tokens = text_tokens()
+    first = (step * num_workers + worker) * batch
+    starts = (torch.arange(first, first + batch) * TEXT_CONTEXT) % (len(tokens) - TEXT_CONTEXT - 1)
+    rows = tokens[starts[:, None] + torch.arange(TEXT_CONTEXT + 1)]
+    return rows[:, :-1], rows[:, 1:]
+
+
+def _token_loss(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+    from core.task import LanguageModel
+
+    return LanguageModel(TEXT_VOCAB).loss(model(xb), yb)
+
+
+@dataclass(frozen=True)
+class Workload:
+    make_model: Callable[[int, bool], nn.Module]
+    batch: Callable[[int, int, int, int], tuple[torch.Tensor, torch.Tensor]]
+    loss: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+WORKLOADS = {"classification": Workload(_cnn, _digits_batch, _cross_entropy),
+             "language_model": Workload(_tiny_gpt, _text_batch, _token_loss)}
+_active = ["classification"]
+
+
+@contextmanager
+def task_workload(task: str) -> Iterator[None]:
+    """Inside it, `make_model`, `worker_batch` and `loss_of` are `task`'s (a Scenario's `task`)."""
+    if task not in WORKLOADS:
+        raise ValueError(f"no test workload for task {task!r}; one of {', '.join(WORKLOADS)}")
+    _active.append(task)
+    try:
+        yield
+    finally:
+        _active.pop()
+
+
+def workload() -> Workload:
+    return WORKLOADS[_active[-1]]
+
+
+def make_model(seed: int = 0, batch_norm: bool = False) -> nn.Module:
+    return workload().make_model(seed, batch_norm)
 
 
 def make_optimizer(model: nn.Module, kind: str, lr: float = 0.05) -> torch.optim.Optimizer:
@@ -43,14 +125,13 @@ def make_optimizer(model: nn.Module, kind: str, lr: float = 0.05) -> torch.optim
 
 
 def worker_batch(worker: int, step: int, num_workers: int, batch: int = BATCH) -> tuple[torch.Tensor, torch.Tensor]:
-    """Worker w's batch at step s: a fixed, disjoint slice of the digits training set."""
-    x, y = digits()
-    start = ((step * num_workers + worker) * batch) % (len(x) - batch)
-    return x[start:start + batch], y[start:start + batch]
+    """Worker w's batch at step s: a fixed, disjoint slice of the digits training set (or of the
+    language-model workload's token windows)."""
+    return workload().batch(worker, step, num_workers, batch)
 
 
 def loss_of(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(model(xb), yb)
+    return workload().loss(model, xb, yb)
 
 
 def flat_params(model: nn.Module) -> torch.Tensor:

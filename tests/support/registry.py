@@ -61,6 +61,21 @@ def optimizer_overrides(scenario: Scenario) -> list[str]:
     return {"sgd": [], "nesterov": ["optim.nesterov=true"], "adamw": ["optim=adamw"]}[scenario.optimizer]
 
 
+#: what a scenario's `task` trains in the trainer runs of the registry-wide tests (exact resume):
+#: the default digits job, or a one-layer GPT (2 heads; the tests' model.width) on 16-character
+#: windows of the Shakespeare corpus, 8 windows a rank, evaluated on 8 windows of each held-out part
+TASK_OVERRIDES = {"classification": [],
+                  "language_model": ["data=shakespeare_char", "model=gpt", "model.layers=1", "model.heads=2",
+                                     "data.context_length=16", "data.eval_windows=8", "train.batch_size=8"]}
+
+
+def task_overrides(scenario: Scenario) -> list[str]:
+    if scenario.task not in TASK_OVERRIDES:
+        raise MissingDeclaration(f"a scenario's task is {scenario.task!r}; the registry tests know "
+                                 f"{', '.join(TASK_OVERRIDES)}")
+    return TASK_OVERRIDES[scenario.task]
+
+
 def world_of(cls: type[DistAlgorithm], scenario: Scenario) -> int:
     return scenario.world_size or cls.test_world_size
 
