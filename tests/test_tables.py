@@ -179,7 +179,7 @@ def test_interval_figure_colours_what_is_resolved_and_clips_bars_to_what_accurac
 
 
 @pytest.mark.parametrize("name", ["comm_cpu", "head_to_head_cpu", "comm_mnist1d_cpu", "comm_lm_cpu",
-                                  "head_to_head_mnist1d_cpu"])
+                                  "head_to_head_mnist1d_cpu", "head_to_head_lm_cpu"])
 def test_comm_table_has_a_row_for_every_registered_algorithm(name: str) -> None:
     """table=comm_cpu (and head_to_head_cpu) compare every method: each registered plugin's row
     comes from its CPU recipe, recipes/cpu/<algo>.yaml (a missing one fails load_table with a line
