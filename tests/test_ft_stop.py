@@ -288,9 +288,12 @@ def test_a_first_signal_while_no_round_can_complete_stops_within_stop_wait_s(cli
 
 def test_a_second_signal_kills_every_process_of_the_job_at_once(cli_env: dict, tmp_path: Path) -> None:
     """Two replicas training; SIGINT, then SIGINT again: the supervisor kills the replicas' and
-    the lighthouse's process groups at once and exits 130 within AT_ONCE_BOUND_S; nothing is left."""
+    the lighthouse's process groups at once and exits 130 within AT_ONCE_BOUND_S; nothing is left.
+    Rounds every 100 steps (about 6 s apart at 60 ms a step): the first signal's agreed stop must
+    still be pending when the second arrives (with a round every 4 steps it could complete within
+    the 0.5 s between them, and the job then ended cleanly with 0 before the second signal)."""
     run_dir = tmp_path / "run"
-    job = _start(["algo=local_sgd", "algo.period=4", "ft.enabled=true", "launch.nproc=2", "train.max_steps=400",
+    job = _start(["algo=local_sgd", "algo.period=100", "ft.enabled=true", "launch.nproc=2", "train.max_steps=400",
                   "train.imbalance.delay_ms=60", f"hydra.run.dir={run_dir}"], cli_env)
     _wait(lambda: min(_step(run_dir, i) for i in (0, 1)) >= 8 or job.poll() is not None, 150, "step 8")
     assert job.poll() is None, job.communicate()[1][-3000:]
