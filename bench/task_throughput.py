@@ -28,8 +28,6 @@ windows are the ones least disturbed on either side.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import statistics
 import sys
@@ -43,15 +41,11 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402  (the repository is on the path from here on)
 
-from core.distenv import init_distributed  # noqa: E402
-from core.rundir import RunDir  # noqa: E402
 from core.task import task_for  # noqa: E402
 from data import DataRequest, build_streams, data_spec  # noqa: E402
 from engine.config import load_run_config, register_schemas  # noqa: E402
-from engine.plan import build_plan  # noqa: E402
-from engine.rank.trainer import Trainer  # noqa: E402
-from engine.report.metrics import read_metrics  # noqa: E402
 from engine.train.optim import build_optimizer  # noqa: E402
+from bench.throughput import train_windows  # noqa: E402  (the trainer on one rank, in process)
 from models import build_model  # noqa: E402
 
 #: the task's default recipe, its unit, and what keeps the bench's end cheap (the runner's final
@@ -116,12 +110,7 @@ def runner(recipe: str, args: argparse.Namespace, extra: list[str]) -> list[floa
         cfg = run_config(recipe, args, f"train.max_steps={steps}", f"train.log_every_steps={args.log_every}",
                          "train.eval_every_steps=null", "train.eval_every_epochs=null", "checkpoint.every_steps=null",
                          "checkpoint.every_epochs=null", "train.progress=false", "resume=null", *extra)
-        run_dir = RunDir(Path(tmp))
-        plan = build_plan(cfg, run_dir, 1, 1)
-        ctx = init_distributed(cfg.dist.backend, cfg.dist.timeout_s, cfg.dist.device)
-        with contextlib.redirect_stdout(io.StringIO()):  # the run's own summary table
-            Trainer(plan, ctx).run()
-        windows = [r for r in read_metrics(run_dir.metrics) if r["kind"] == "train" and r["step"] > args.warmup]
+        windows = train_windows(cfg, Path(tmp), args.warmup)
     return [r["samples_per_s"] for r in windows]
 
 

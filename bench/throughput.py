@@ -199,6 +199,17 @@ def ceiling(args: argparse.Namespace) -> dict[str, float]:
     return {"ips": args.steps * args.batch / (time.perf_counter() - t0)}
 
 
+
+def train_windows(cfg: Any, run_dir: Path, warmup: int) -> list[dict]:
+    """Run the real trainer on one rank in this process (no launcher: what is timed is the step,
+    not start-up) and return its training log windows after the first `warmup` steps."""
+    rd = RunDir(run_dir)
+    plan = build_plan(cfg, rd, 1, 1)
+    ctx = init_distributed(cfg.dist.backend, cfg.dist.timeout_s, cfg.dist.device)
+    with contextlib.redirect_stdout(io.StringIO()):  # the run's own summary table
+        Trainer(plan, ctx).run()
+    return [r for r in read_metrics(rd.metrics) if r["kind"] == "train" and r["step"] > warmup]
+
 def runner(pipeline: str, args: argparse.Namespace) -> dict[str, float]:
     """The trainer on one rank; images/s over its log windows after the warm-up steps."""
     import torch
@@ -210,12 +221,7 @@ def runner(pipeline: str, args: argparse.Namespace) -> dict[str, float]:
                          "train.eval_every_epochs=null", "checkpoint.every_epochs=null", "train.progress=false",
                          "launch.launcher=none", "launch.nproc=1", "resume=null", "algo=allreduce",
                          *([f"data.image_size={args.image_size}"] if args.image_size else []))
-        run_dir = RunDir(Path(tmp))
-        plan = build_plan(cfg, run_dir, 1, 1)
-        ctx = init_distributed(cfg.dist.backend, cfg.dist.timeout_s, cfg.dist.device)
-        with contextlib.redirect_stdout(io.StringIO()):  # the run's own summary table
-            Trainer(plan, ctx).run()
-        windows = [r for r in read_metrics(run_dir.metrics) if r["kind"] == "train" and r["step"] > args.warmup]
+        windows = train_windows(cfg, Path(tmp), args.warmup)
     images = args.log_every * args.batch  # per window: --warmup and --steps are multiples of --log-every
     seconds = sum(images / r["samples_per_s"] for r in windows)
     wait = sum(r["data_wait_frac"] * images / r["samples_per_s"] for r in windows)

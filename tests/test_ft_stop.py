@@ -31,7 +31,8 @@ import torch
 from core.errors import UserError
 from engine.ft.config import FTConfig, check_ft
 from engine.launch.config import LaunchConfig
-from tests.support.processes import alive_of_job
+from tests.support.processes import alive_of_job, signal_and_wait
+from tests.test_faults import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 CLI = str(REPO / "cli.py")
@@ -205,13 +206,6 @@ def _step(run_dir: Path, index: int) -> int:
         return -1
 
 
-def _wait(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def _no_process_left(run_dir: Path, job: subprocess.Popen) -> None:
     """Nothing of the job lives: checked by pid (its records, their groups, its run directory)."""
     left = alive_of_job(run_dir, [job.pid])
@@ -268,13 +262,10 @@ def test_a_first_signal_while_no_round_can_complete_stops_within_stop_wait_s(cli
     job = _start(["algo=local_sgd", "algo.period=4", "ft.enabled=true", "launch.nproc=2", f"ft.stop_wait_s={wait_s}",
                   "dist.timeout_s=20", "train.max_steps=400", "train.imbalance.delay_ms=60",
                   f"hydra.run.dir={run_dir}"], cli_env)
-    _wait(lambda: min(_step(run_dir, i) for i in (0, 1)) >= 12 or job.poll() is not None, 150, "step 12")
+    wait_for(lambda: min(_step(run_dir, i) for i in (0, 1)) >= 12 or job.poll() is not None, 150, "step 12")
     assert job.poll() is None, job.communicate()[1][-3000:]
     os.kill(int((run_dir / "logs/replica_1.pid").read_text()), signal.SIGKILL)
-    signalled = time.monotonic()
-    job.send_signal(signal.SIGTERM)
-    _, err = job.communicate(timeout=120)
-    took = time.monotonic() - signalled
+    took, err = signal_and_wait(job, [signal.SIGTERM], timeout=120)
     assert job.returncode == 0, err[-3000:]
     assert took <= wait_s + STOP_SLACK_S, (took, err[-3000:])
     print(f"first signal, no round possible: job ended {took:.1f} s after it (ft.stop_wait_s={wait_s:g})")
@@ -295,14 +286,9 @@ def test_a_second_signal_kills_every_process_of_the_job_at_once(cli_env: dict, t
     run_dir = tmp_path / "run"
     job = _start(["algo=local_sgd", "algo.period=100", "ft.enabled=true", "launch.nproc=2", "train.max_steps=400",
                   "train.imbalance.delay_ms=60", f"hydra.run.dir={run_dir}"], cli_env)
-    _wait(lambda: min(_step(run_dir, i) for i in (0, 1)) >= 8 or job.poll() is not None, 150, "step 8")
+    wait_for(lambda: min(_step(run_dir, i) for i in (0, 1)) >= 8 or job.poll() is not None, 150, "step 8")
     assert job.poll() is None, job.communicate()[1][-3000:]
-    job.send_signal(signal.SIGINT)
-    time.sleep(0.5)
-    second = time.monotonic()
-    job.send_signal(signal.SIGINT)
-    _, err = job.communicate(timeout=60)
-    took = time.monotonic() - second
+    took, err = signal_and_wait(job, [signal.SIGINT, signal.SIGINT], gap_s=0.5)
     assert job.returncode == 128 + signal.SIGINT, err[-3000:]
     assert took <= AT_ONCE_BOUND_S, took
     print(f"second signal: job ended {took:.2f} s after it")

@@ -266,7 +266,7 @@ STEADY = ["launch.nproc=2", "train.max_steps=100000", "checkpoint.every_steps=5"
 def test_a_signal_between_restart_all_attempts_starts_no_further_attempt(cli_env: dict, tmp_path: Path) -> None:
     """Rank 1 killed at step 7 (a checkpoint at 5); during the 60 s restart delay a SIGTERM ends the job within
     BETWEEN_BOUND_S without starting attempt 1, and nothing of the job is left (checked by pid)."""
-    from tests.support.processes import alive_of_job
+    from tests.support.processes import alive_of_job, signal_and_wait
 
     run_dir = tmp_path / "run"
     proc = start_cli([*STEADY, "faults.restart_delay_s=60", f"hydra.run.dir={run_dir}"], cli_env)
@@ -274,10 +274,7 @@ def test_a_signal_between_restart_all_attempts_starts_no_further_attempt(cli_env
         wait_for(lambda: any(e["event"] == "failure" for e in FaultLog(run_dir).events()) or proc.poll() is not None,
                  240, "attempt 0's failure")
         assert proc.poll() is None, proc.communicate()[1][-3000:]
-        signalled = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-        took = time.monotonic() - signalled
+        took, err = signal_and_wait(proc, [signal.SIGTERM])
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -293,7 +290,7 @@ def test_a_second_signal_during_a_restarted_attempt_ends_every_rank_at_once(cli_
     """Attempt 1 (after the kill at step 7) training; SIGINT twice (no agreed stop can come first:
     train.preempt_check_every is beyond the run): the job ends within AT_ONCE_BOUND_S and no rank,
     launcher or supervisor of either attempt is left (checked by pid)."""
-    from tests.support.processes import alive_of_job
+    from tests.support.processes import alive_of_job, signal_and_wait
 
     run_dir = tmp_path / "run"
     proc = start_cli([*STEADY, "train.preempt_check_every=100000", f"hydra.run.dir={run_dir}"], cli_env)
@@ -302,12 +299,7 @@ def test_a_second_signal_during_a_restarted_attempt_ends_every_rank_at_once(cli_
                           and (read_step(run_dir / "logs" / "rank_0.progress") or 0) >= 9) or proc.poll() is not None,
                  240, "attempt 1 to train")
         assert proc.poll() is None, proc.communicate()[1][-3000:]
-        proc.send_signal(signal.SIGINT)
-        time.sleep(0.3)
-        second = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-        took = time.monotonic() - second
+        took, err = signal_and_wait(proc, [signal.SIGINT, signal.SIGINT], gap_s=0.3)
     finally:
         if proc.poll() is None:
             proc.kill()

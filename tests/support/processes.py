@@ -9,6 +9,8 @@ launcher and the ranks are started with `hydra.run.dir=RUN`). Zombies have ended
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -50,3 +52,16 @@ def alive_of_job(run_dir: Path, pids: Iterable[int] = ()) -> list[str]:
             command = cmdline.replace(b"\0", b" ").decode(errors="replace")[:160]
             found.append(f"{entry.name} {state} {command}")
     return found
+
+
+def signal_and_wait(proc: subprocess.Popen, signals: list[int], gap_s: float = 0.0,
+                    timeout: float = 60) -> tuple[float, str]:
+    """Send `signals` to a job `gap_s` apart; the seconds from the last one to the job's exit (what
+    a stop bound is stated against) and its stderr."""
+    for i, sig in enumerate(signals):
+        if i:
+            time.sleep(gap_s)
+        proc.send_signal(sig)
+    last = time.monotonic()
+    _, err = proc.communicate(timeout=timeout)
+    return time.monotonic() - last, err
