@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+_EXIT_STATUS = {"code": 0}
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _EXIT_STATUS["code"] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """End the interpreter without joining threads a test left behind. A torchft request blocked
+    on its quorum timeout (up to an hour) keeps its executor's thread alive, and
+    concurrent.futures joins every such thread at exit: the summary is printed, then the process
+    waits, and CI times out with every test passed. Name them, then leave with pytest's status."""
+    left = [t for t in threading.enumerate()
+            if t is not threading.main_thread() and t.is_alive() and not t.daemon]
+    if not left:
+        return
+    names = ", ".join(sorted(t.name for t in left))
+    sys.stdout.flush()
+    print(f"conftest: {len(left)} thread(s) still running after the suite ({names}); "
+          "exiting without waiting for them", file=sys.stderr, flush=True)
+    os._exit(_EXIT_STATUS["code"])
 
 
 @pytest.fixture

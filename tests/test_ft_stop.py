@@ -133,7 +133,10 @@ def test_a_stopping_replica_gives_up_a_quorum_that_cannot_form(tmp_path: Path) -
     it up at once, stop or not."""
     from core.run_files import quorum_lost_flag
 
-    cfg = FTConfig(enabled=True, stop_wait_s=1.0)
+    # a given-up round leaves torchft's quorum request running in its executor's thread until
+    # its timeout; a short one ends it within seconds instead of the derived hour, which the
+    # interpreter would wait out at exit (concurrent.futures joins its threads)
+    cfg = FTConfig(enabled=True, stop_wait_s=1.0, quorum_timeout_s=5.0)
     house = _lighthouse(tmp_path, cfg, min_replicas=2)
     try:
         lone = _Replica(0, 2, house, cfg, tmp_path)
