@@ -250,7 +250,8 @@ def main() -> None:
         measured = dict(launched).get(n)
         if measured is not None:
             ratios[n] = measured / s
-            print(f"{n:4d} ranks: launcher {measured:.1f} s / fork {s:.1f} s = {ratios[n]:.1f}x (both measured)")
+            print(f"{n:4d} ranks: launcher {measured:.1f} s / fork {s:.1f} s = {ratios[n]:.1f}x (both measured); "
+                  f"{same_result(out / f'deepspeed_{n}', out / f'fork_{n}')}")
         else:
             guess = extrapolate(launched, n)
             if guess is not None:
@@ -259,6 +260,20 @@ def main() -> None:
                       f"/ fork {s:.1f} s = ~{guess / s:.0f}x")
     print(json.dumps({"job": args.job, "bytecode": args.bytecode, "results": results, "launcher_over_fork": ratios,
                       "launcher_extrapolated_s": estimates}))
+
+
+def same_result(launched: Path, forked: Path) -> str:
+    """Whether the two starts of the same job ended on the same test loss, accuracy and bytes sent
+    (the suite checks the final states bit for bit at 4 ranks, tests/test_fork_launch.py; this
+    is the same check, summarised, at every rank count both starts ran)."""
+    try:
+        a, b = (json.loads((d / "summary.json").read_text()) for d in (launched, forked))
+    except (OSError, ValueError):
+        return "results not compared (a summary is missing)"
+    keys = ("test_loss", "test_acc", "comm_bytes")
+    if all(a.get(k) == b.get(k) for k in keys):
+        return "the same test loss, accuracy and bytes sent"
+    return "RESULTS DIFFER: " + ", ".join(f"{k} {a.get(k)} vs {b.get(k)}" for k in keys if a.get(k) != b.get(k))
 
 
 def fmt(value: Any) -> str:

@@ -11,20 +11,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-CLI = str(REPO / "cli.py")
-
-
-def run_cli(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, CLI, *args], capture_output=True, text=True, env=env,
-                          timeout=timeout, cwd=REPO)
-
-
-def error_line(proc: subprocess.CompletedProcess) -> str:
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("syncopt: error:")]
-    assert len(lines) == 1, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    return lines[0]
+from tests.support.cli_runs import CLI, REPO, error_line, run_cli, run_cli_here
 
 
 @pytest.mark.parametrize("args,fragment", [
@@ -59,15 +46,29 @@ def error_line(proc: subprocess.CompletedProcess) -> str:
     (["data=cifar10", "data.root=/nonexistent/cifar"], "/nonexistent/cifar"),
     (["resume=/nonexistent/run"], "resume=/nonexistent/run"),
 ])
-def test_bad_input_is_one_line_before_launch(args: list[str], fragment: str, cli_env: dict, tmp_path: Path) -> None:
+def test_bad_input_is_one_line_before_launch(args: list[str], fragment: str, tmp_path: Path) -> None:
+    """cli.py in this interpreter (tests/support/cli_runs.py): a refusal is decided before any
+    process is started; the real process's exit is checked below."""
+    run_dir = tmp_path / "run"
+    proc = run_cli_here([*args, f"hydra.run.dir={run_dir}"])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert fragment in error_line(proc)
+    assert not (run_dir / "logs").exists(), "no rank may have been launched"
+    assert not any(run_dir.iterdir()) if run_dir.exists() else True, "nothing may be written"
+
+
+@pytest.mark.parametrize("args,fragment", [(["optim.lr=-1"], "optim.lr=-1.0 must be > 0"),
+                                           (["algo=gossip"], "algo/gossip")])
+def test_a_refusing_process_exits_2_with_one_line_within_seconds(args: list[str], fragment: str, cli_env: dict,
+                                                                 tmp_path: Path) -> None:
+    """The same refusals as a user's shell sees them: a schema check and a Hydra composition error."""
     run_dir = tmp_path / "run"
     start = time.monotonic()
     proc = run_cli([*args, f"hydra.run.dir={run_dir}"], cli_env, timeout=60)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert fragment in error_line(proc)
     assert time.monotonic() - start < 15
-    assert not (run_dir / "logs").exists(), "no rank may have been launched"
-    assert not any(run_dir.iterdir()) if run_dir.exists() else True, "nothing may be written"
+    assert not run_dir.exists() or not any(run_dir.iterdir()), "nothing may be written"
 
 
 def test_a_warm_up_longer_than_the_run_is_one_warning_line(cli_env: dict, tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import torch
 from core.run_files import read_step
 from engine.checkpoint import files as ckpt
 from tests.support.harness import free_port, run_ranks, train_in_rank
-from tests.test_cli import CLI, REPO, error_line, run_cli
+from tests.support.cli_runs import CLI, REPO, error_line, run_cli
 
 LONG = ["train.max_steps=100000", "train.eval_every_epochs=null", "checkpoint.every_steps=20",
         "checkpoint.every_epochs=null", "train.progress=false", "launch.nproc=4"]
@@ -94,8 +94,9 @@ def test_a_stopped_rank_is_named_with_its_step_within_the_timeout(cli_env: dict,
 
 def test_a_second_run_in_a_busy_directory_refuses_and_the_first_is_unaffected(cli_env: dict, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    args = ["train.max_steps=300", "train.imbalance.delay_ms=60", "train.eval_every_epochs=null", "checkpoint.every_epochs=null",
-            "train.progress=false", "launch.nproc=2", f"hydra.run.dir={run_dir}"]
+    # forked ranks (the run lock is cli.py's, whichever start): 150 steps of 60 ms outlast the refusal
+    args = ["train.max_steps=150", "train.imbalance.delay_ms=60", "train.eval_every_epochs=null", "checkpoint.every_epochs=null",
+            "train.progress=false", "launch.nproc=2", "launch.launcher=fork", f"hydra.run.dir={run_dir}"]
     first = start_cli(args, cli_env)
     try:
         wait_for(lambda: (read_step(run_dir / "logs" / "rank_0.progress") or 0) > 0, 240, "training to start")
@@ -110,7 +111,7 @@ def test_a_second_run_in_a_busy_directory_refuses_and_the_first_is_unaffected(cl
         first.kill()
     assert first.returncode == 0, stderr[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 300 and summary["peak_lr"] == 0.1
+    assert summary["steps"] == 150 and summary["peak_lr"] == 0.1
     # a lock record left by a run that is gone is taken over
     stale = tmp_path / "stale"
     stale.mkdir()

@@ -19,7 +19,7 @@ from core.run_files import read_step
 from engine.drivers.fork_ranks import check_fork_safe
 from engine.launch.commands import forked_rank_env
 from engine.launch.procs import alive
-from tests.test_cli import REPO, error_line, run_cli
+from tests.support.cli_runs import REPO, error_line, run_cli
 from tests.test_faults import newest_complete, start_cli, wait_for
 from tests.test_resume_registry import diff
 
@@ -55,7 +55,10 @@ def run_ok(args: list[str], env: dict, timeout: float = 600) -> subprocess.Compl
     return proc
 
 
-@pytest.mark.parametrize("algo", list(ALGOS))
+# allreduce: collectives only; dgs: a parameter server, whose serving thread the fork must start
+# in each rank afresh. (local SGD and WAGMA are the same collectives on other schedules; 16
+# ranks are compared by bench/many_ranks.py, which times both starts.)
+@pytest.mark.parametrize("algo", ["allreduce", "dgs"])
 def test_fork_and_launcher_give_bit_identical_final_states(algo: str, cli_env: dict, tmp_path: Path) -> None:
     args = [*SHORT, *ALGOS[algo], "launch.nproc=4"]
     run_ok([*args, f"hydra.run.dir={tmp_path / 'launcher'}"], cli_env)
@@ -63,14 +66,6 @@ def test_fork_and_launcher_give_bit_identical_final_states(algo: str, cli_env: d
     assert_same_states(tmp_path / "launcher", tmp_path / "fork", 4)
     a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("launcher", "fork"))
     assert (a["test_acc"], a["test_loss"], a["comm_bytes"]) == (b["test_acc"], b["test_loss"], b["comm_bytes"])
-
-
-@pytest.mark.slow
-def test_sixteen_forked_ranks_equal_sixteen_launched(cli_env: dict, tmp_path: Path) -> None:
-    args = [*SHORT, "train.max_steps=6", *ALGOS["allreduce"], "launch.nproc=16"]
-    run_ok([*args, f"hydra.run.dir={tmp_path / 'launcher'}"], cli_env)
-    run_ok([*args, *FORK, f"hydra.run.dir={tmp_path / 'fork'}"], cli_env)
-    assert_same_states(tmp_path / "launcher", tmp_path / "fork", 16)
 
 
 def test_resume_across_the_two_starts_is_exact(cli_env: dict, tmp_path: Path) -> None:
@@ -111,45 +106,6 @@ def test_a_killed_forked_rank_is_named_with_its_log(cli_env: dict, tmp_path: Pat
     assert ("rank 2 failed: its process ended without an error (killed or crashed)" in line
             and "launcher exit code 247" in line and f"log: {run_dir / 'logs' / 'rank_2.log'}" in line), line
     assert not any(alive(pid_of(run_dir, r)) for r in range(4)), "the other ranks must be gone with the job"
-
-
-def test_sigterm_then_resume_and_a_stall_under_fork(cli_env: dict, tmp_path: Path) -> None:
-    """The first stop signal checkpoints at an agreed step and exits 0, the same command resumes;
-    a rank frozen with SIGSTOP is named with its step by the heartbeat watch."""
-    run_dir = tmp_path / "run"
-    args = [*SHORT, "train.max_steps=400", "launch.nproc=2", *FORK, f"hydra.run.dir={run_dir}"]
-    proc = start_cli(args, cli_env)
-    try:
-        wait_for(lambda: (read_step(run_dir / "logs" / "rank_1.progress") or 0) > 0, 240, "training to start")
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, stderr[-2000:]
-    stopped = newest_complete(run_dir)
-    assert stopped is not None and 0 < stopped.step < 400 and stopped.extra["reason"] == "signal"
-    assert "run the same command to continue" in stderr
-    again = run_cli(args, cli_env)
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert json.loads((run_dir / "summary.json").read_text())["resumed_from"] == stopped.step
-
-    stall_dir, timeout_s = tmp_path / "stall", 20
-    proc = start_cli([*LONG, "launch.nproc=2", f"dist.timeout_s={timeout_s}", f"hydra.run.dir={stall_dir}"], cli_env)
-    pid = None
-    try:
-        wait_for(lambda: (read_step(stall_dir / "logs" / "rank_1.progress") or 0) > 0, 240, "training to start")
-        pid = pid_of(stall_dir, 1)
-        os.kill(pid, signal.SIGSTOP)
-        _, stderr = proc.communicate(timeout=timeout_s + 60)
-    finally:
-        proc.kill()
-        if pid is not None:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    line = error_line(subprocess.CompletedProcess([], 1, "", stderr))
-    assert proc.returncode == 1 and "rank 1 stopped making progress at step" in line and "stopped state" in line, line
 
 
 def test_forked_ranks_do_not_hold_the_run_lock(cli_env: dict, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 from core.errors import UserError
 from dist_algos import get_algorithm, list_algorithms
 from tests.support.harness import CONF
-from tests.test_cli import error_line, run_cli
+from tests.support.cli_runs import error_line, run_cli_here
 
 CASES = [(name, overrides, fragment) for name in list_algorithms()
          for overrides, fragment in get_algorithm(name).invalid_options.items()]
@@ -69,13 +69,10 @@ def test_the_declared_cases_cover_the_plugins_with_options() -> None:
             f"algo={name} has options {sorted(own)} but declares no `invalid_options` next to its class")
 
 
-def test_optimizer_fields_the_optimizer_lacks_fail_before_launch(cli_env: dict, tmp_path: Path) -> None:
+def test_optimizer_fields_the_optimizer_lacks_fail_before_launch(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    start = time.monotonic()
-    proc = run_cli(["algo=local_sgd", "algo.average_optimizer_fields=[exp_avg]", f"hydra.run.dir={run_dir}"],
-                   cli_env, timeout=60)
+    proc = run_cli_here(["algo=local_sgd", "algo.average_optimizer_fields=[exp_avg]", f"hydra.run.dir={run_dir}"])
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "exp_avg needs optim=adamw" in error_line(proc)
     assert "[ERROR]" not in proc.stderr, "the error must come before DeepSpeed's launcher starts"
-    assert time.monotonic() - start < 15
     assert not (run_dir / "logs").exists(), "no rank may have been launched"

@@ -20,7 +20,7 @@ from core.run_files import FaultLog, read_step
 from core.rundir import RunDir
 from engine.drivers.restart import run_with_restarts
 from engine.train.faults import FaultsConfig, fault_summary, mtbf_draw, parse_faults
-from tests.test_cli import REPO, error_line, run_cli
+from tests.support.cli_runs import REPO, error_line, run_cli, run_cli_here
 from tests.test_faults import newest_complete, start_cli, wait_for
 
 QUIET = ["train.eval_every_epochs=null", "checkpoint.every_epochs=null", "train.progress=false"]
@@ -49,12 +49,12 @@ def test_bad_fault_specs_are_one_line_naming_the_value(kill, stall, world, words
     assert "\n" not in str(err.value)
 
 
-def test_bad_fault_values_exit_2_before_launch(cli_env: dict, tmp_path: Path) -> None:
+def test_bad_fault_values_exit_2_before_launch(tmp_path: Path) -> None:
     for args, words in ((["faults.kill=[2@10]", "launch.nproc=2"], ["faults.kill", "rank 2"]),
                         (["faults.mtbf_s=-5"], ["faults.mtbf_s"]),
                         (["launch.max_restarts=1", "launch.launcher=none", "launch.nproc=1"],
                          ["launch.max_restarts=1", "launch.launcher=deepspeed"])):
-        proc = run_cli([*args, f"hydra.run.dir={tmp_path / 'run'}"], cli_env, timeout=120)
+        proc = run_cli_here([*args, f"hydra.run.dir={tmp_path / 'run'}"])
         assert proc.returncode == 2, proc.stderr[-2000:]
         line = error_line(proc)
         assert all(w in line for w in words), line
@@ -157,8 +157,9 @@ def test_killed_wagma_rank_restarts_once_and_ends_as_a_straight_resumed_run(cli_
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
 
 
-#: rank 1 killed after step 15, checkpoints every 10 steps, the run's first evaluation at step 15
-LOSS = ["launch.nproc=2", "train.max_steps=30", "checkpoint.every_steps=10", "checkpoint.every_epochs=null",
+#: rank 1 killed after step 15, checkpoints every 10 steps, the run's first evaluation at step 15;
+#: the ranks forked (the restart loop and the fault log are the same under either start)
+LOSS = ["launch.nproc=2", "launch.launcher=fork", "train.max_steps=30", "checkpoint.every_steps=10", "checkpoint.every_epochs=null",
         "train.eval_every_steps=15", "train.eval_every_epochs=null", "faults.kill=[1@15]", "launch.max_restarts=1",
         "faults.restart_delay_s=0.5", "train.progress=false"]
 

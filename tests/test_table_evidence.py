@@ -274,7 +274,7 @@ def test_runs_made_at_other_commits_are_kept_and_flagged(tmp_path: Path, monkeyp
 def test_a_run_and_a_tables_jobs_record_their_commit(cli_env: dict, tmp_path: Path) -> None:
     """Through cli.py: summary.json has the checkout's commit and dirty flag; jobs.jsonl and
     runs.csv carry them per run."""
-    from tests.test_cli import run_cli
+    from tests.support.cli_runs import run_cli
     from tests.test_tables import FAST
 
     conf = tmp_path / "conf" / "table"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli import run_cli
+from tests.support.cli_runs import run_cli
 
 FAST = "[launch.launcher=none, launch.nproc=1, train.max_steps=6, train.eval_every_steps=3]"
 
@@ -237,7 +237,7 @@ def test_head_to_head_quick_form_runs_end_to_end(cli_env: dict, tmp_path: Path) 
     quick form). A rerun that skips finished rows is tested with the small table above."""
     out = tmp_path / "quick"
     args = ["table=head_to_head_cpu", "table.quick=true", "table.quick_rows=[allreduce,dgc]", "table.allow_dirty=true",
-            "table.quick_overrides=['train.epochs=2','train.budget_samples=2000','launch.nproc=4','train.batch_size=32']", f"hydra.run.dir={out}"]
+            "table.quick_overrides=['train.epochs=2','train.budget_samples=2000','launch.nproc=4','launch.launcher=fork','train.batch_size=32']", f"hydra.run.dir={out}"]
     proc = run_cli(args, cli_env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = read_csv(out / "table.csv")

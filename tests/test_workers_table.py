@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from core.errors import UserError
-from tests.test_cli import run_cli
+from tests.support.cli_runs import run_cli
 from tests.test_tables import read_csv
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli import error_line, run_cli
+from tests.support.cli_runs import error_line, run_cli_here
 
 
 @pytest.mark.parametrize("args,fragment", [
@@ -20,10 +20,9 @@ from tests.test_cli import error_line, run_cli
     (["algo=diloco", "algo.outer_feedback=ef"], "needs a chain in algo.outer_compress"),
     (["algo=local_sgd", "algo.compress=[topk:0.1]", "algo.bn=average"], "algo.bn=local"),
 ])
-def test_bad_compression_is_one_line_before_launch(args: list[str], fragment: str, cli_env: dict,
-                                                   tmp_path: Path) -> None:
+def test_bad_compression_is_one_line_before_launch(args: list[str], fragment: str, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = run_cli([*args, f"hydra.run.dir={run_dir}"], cli_env, timeout=120)
+    proc = run_cli_here([*args, f"hydra.run.dir={run_dir}"])
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert fragment in error_line(proc)
     assert not (run_dir / "logs").exists(), "no rank may have been launched"
