@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -15,13 +16,32 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+#: modules whose tests make network namespaces, sshd, SLURM daemons or tc qdiscs: one xdist worker
+#: runs them one after another (each is several processes on two hosts; two at once only contend)
+HOST_MODULES = {"test_multinode", "test_multinode_slurm", "test_ft_multinode", "test_network"}
+
+
+def _keep_bytecode_for_children() -> None:
+    """Where PYTHONDONTWRITEBYTECODE is set (this project's development and CI machines), every
+    cli.py, launcher and rank process a test starts would compile the project's modules from
+    source again; a bytecode cache of the suite's own (PYTHONPYCACHEPREFIX, outside the tree)
+    lets each compile once. The running interpreter keeps its own flags; only children see it."""
+    if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
+        os.environ.setdefault("PYTHONPYCACHEPREFIX",
+                              str(Path(tempfile.gettempdir()) / f"syncopt-test-pycache-{os.getuid()}"))
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _keep_bytecode_for_children()
     config.addinivalue_line("markers", "multinode: runs across emulated hosts (network namespaces)")
     config.addinivalue_line("markers", "slow: takes more than ~30 s")
     config.addinivalue_line("markers", "gpu: needs CUDA (skipped where none is visible)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in HOST_MODULES:
+            item.add_marker(pytest.mark.xdist_group("hosts"))
     import torch
 
     if torch.cuda.is_available():
