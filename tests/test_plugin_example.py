@@ -3,15 +3,18 @@ registry-wide tests with no other file edited; without its reference it fails wi
 that says what to add.
 
 The plugin and its reference are copied out of the page (the code blocks after its
-`<!-- example: PATH -->` markers) into the repository for the length of the test, and the
-registry-wide tests run on them in a fresh pytest process (the registry is filled at import).
+`<!-- example: PATH -->` markers) into a copy of the repository (its tracked and unignored
+files, under git of its own), and the registry-wide tests run on them there in a fresh pytest
+process (the registry is filled at import). Not into the repository itself: every cli.py and
+rank other tests start meanwhile (pytest-xdist's other worker) would find the plugin, and lose
+it half-way (a SLURM sweep that pickled its config failed to find dist_algos.doc_example).
 """
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,44 +30,59 @@ def examples() -> dict[str, str]:
     return {path: code for path, code in found}
 
 
-def git_status() -> set[str]:
-    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO,
-                         capture_output=True, text=True, check=True).stdout
-    return {line[3:] for line in out.splitlines()}
+def git(*args: str, cwd: Path) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout
+
+
+def git_status(tree: Path) -> set[str]:
+    return {line[3:] for line in git("status", "--porcelain", "--untracked-files=all", cwd=tree).splitlines()}
+
+
+def repository_copy(dest: Path) -> Path:
+    """The repository's tracked and unignored files as they are now (edits included), committed
+    to a git repository of their own so that what the example adds shows in `git status`."""
+    listed = git("ls-files", "--cached", "--others", "--exclude-standard", "-z", cwd=REPO).split("\0")
+    for rel in filter(None, listed):
+        if (REPO / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, dest / rel)
+    git("init", "-q", cwd=dest)
+    git("add", "-A", cwd=dest)
+    git("-c", "user.name=test", "-c", "user.email=test@localhost", "commit", "-q", "-m", "copy", cwd=dest)
+    return dest
 
 
 @pytest.fixture
-def added() -> Iterator[dict[str, Path]]:
-    """The page's files written into the repository, removed afterwards whatever happens."""
-    files = {rel: REPO / rel for rel in examples()}
+def added(tmp_path: Path) -> dict[str, Path]:
+    """Where the page's files go in a copy of the repository (none of them there yet)."""
+    tree = repository_copy(tmp_path / "repo")
+    files = {rel: tree / rel for rel in examples()}
     assert set(files) == {"dist_algos/doc_example.py", "tests/doc_example_reference.py"}, set(files)
-    assert not any(p.exists() for p in files.values()), "a previous run left the example behind"
-    try:
-        yield files
-    finally:
-        for path in files.values():
-            path.unlink(missing_ok=True)
+    assert not any(p.exists() for p in files.values()), "the repository already holds the example"
+    return files
 
 
-def run_registry_tests(files: list[str] = REGISTRY_TESTS, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pytest", *files, "-k", "doc_example", "-q",
-                           "-p", "no:cacheprovider"], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+def run_registry_tests(tree: Path, files: list[str] = REGISTRY_TESTS,
+                       timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", *files, "-k", "doc_example", "-q", "-n", "0",
+                           "-p", "no:cacheprovider"], cwd=tree, capture_output=True, text=True, timeout=timeout)
 
 
 def test_the_worked_example_passes_the_registry_tests_and_fails_without_its_reference(
         added: dict[str, Path]) -> None:
-    before = git_status()
+    tree = added["dist_algos/doc_example.py"].parents[1]
+    before = git_status(tree)
     for rel, code in examples().items():
         added[rel].write_text(code)
-    assert git_status() - before == set(added), "the example must need no other file"
-    proc = run_registry_tests()
+    assert git_status(tree) - before == set(added), "the example must need no other file"
+    proc = run_registry_tests(tree)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     # reference equivalence, exact resume, the declared invalid setting: one test each
     assert re.search(r"\b3 passed\b", proc.stdout), proc.stdout[-2000:]
 
     plugin = added["dist_algos/doc_example.py"]
     plugin.write_text(re.sub(r"^    reference = .*\n", "", plugin.read_text(), flags=re.M))
-    proc = run_registry_tests(["tests/test_reference_registry.py"])
+    proc = run_registry_tests(tree, ["tests/test_reference_registry.py"])
     assert proc.returncode != 0
     assert "algo=doc_example declares no reference: add `reference = \"tests.support.references:NAME\"`" in proc.stdout
     assert "doc_example.py:" in proc.stdout and "(class DocExample)" in proc.stdout

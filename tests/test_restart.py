@@ -24,7 +24,10 @@ from tests.support.cli_runs import REPO, error_line, run_cli, run_cli_here
 from tests.test_faults import newest_complete, start_cli, wait_for
 
 QUIET = ["train.eval_every_epochs=null", "checkpoint.every_epochs=null", "train.progress=false"]
+#: forked ranks (the restart loop is the same under either start; the launcher's restarts are the
+#: restart-all and signal tests below)
 WAGMA = ["algo=wagma", "algo.group_size=2", "algo.global_period=10", "algo.wait_avoiding=false", "launch.nproc=4",
+         "launch.launcher=fork",
          "train.max_steps=40", "checkpoint.every_steps=10", "checkpoint.keep_last=10", *QUIET]
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import random
 import socket
 import sys
 from pathlib import Path
@@ -31,9 +32,32 @@ from engine.launch.config import Launcher, LaunchConfig
 REPO = Path(__file__).resolve().parents[2]
 
 
+#: where `free_port` looks first: below Linux's default ephemeral range (32768-60999)
+LISTEN_PORTS = (20000, 32767)
+
+
 def free_port(addr: str = "127.0.0.1") -> int:
+    """A port that `addr` can listen on now, for a TCP store or a lighthouse that binds it later.
+
+    Not one the kernel hands out (bind to port 0): that comes from the ephemeral range, from
+    which every outgoing connection on the machine also takes its local port. Between this
+    check and the bind, seconds later in another process, gloo's connections of any other job
+    on the machine could take it (EADDRINUSE at rank 0's store, seen with two test workers
+    running jobs side by side). A random port below that range is free of those; where none of
+    a few tries can be bound, the kernel's choice is the fallback."""
+    host = addr if addr not in ("localhost",) else "127.0.0.1"
+    draw = random.SystemRandom()  # not the seeded `random`: two seeded processes would draw alike
+    low, high = LISTEN_PORTS
+    for _ in range(20):
+        port = draw.randint(low, high)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((addr if addr not in ("localhost",) else "127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import socket
 import tempfile
 import traceback
 from pathlib import Path
@@ -28,9 +27,10 @@ CONF = REPO / "conf"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port below the ephemeral range (engine/launch/commands.py: why)."""
+    from engine.launch.commands import free_port as listen_port
+
+    return listen_port("127.0.0.1")
 
 
 def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, args: tuple,
