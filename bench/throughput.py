@@ -199,7 +199,6 @@ def ceiling(args: argparse.Namespace) -> dict[str, float]:
     return {"ips": args.steps * args.batch / (time.perf_counter() - t0)}
 
 
-
 def train_windows(cfg: Any, run_dir: Path, warmup: int) -> list[dict]:
     """Run the real trainer on one rank in this process (no launcher: what is timed is the step,
     not start-up) and return its training log windows after the first `warmup` steps."""
@@ -209,6 +208,7 @@ def train_windows(cfg: Any, run_dir: Path, warmup: int) -> list[dict]:
     with contextlib.redirect_stdout(io.StringIO()):  # the run's own summary table
         Trainer(plan, ctx).run()
     return [r for r in read_metrics(rd.metrics) if r["kind"] == "train" and r["step"] > warmup]
+
 
 def runner(pipeline: str, args: argparse.Namespace) -> dict[str, float]:
     """The trainer on one rank; images/s over its log windows after the warm-up steps."""

@@ -15,24 +15,13 @@ import torch
 from core.run_files import read_step
 from engine.checkpoint import files as ckpt
 from tests.support.harness import free_port, run_ranks, train_in_rank
-from tests.support.cli_runs import CLI, REPO, error_line, run_cli
+from tests.support.cli_runs import CLI, REPO, error_line, run_cli, start_cli
+from tests.support.processes import wait_for
 
 LONG = ["train.max_steps=100000", "train.eval_every_epochs=null", "checkpoint.every_steps=20",
         "checkpoint.every_epochs=null", "train.progress=false", "launch.nproc=4"]
 
 
-def start_cli(args: list[str], env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=REPO)
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def newest_complete(run_dir: Path) -> ckpt.Manifest | None:

@@ -20,7 +20,9 @@ from engine.drivers.fork_ranks import check_fork_safe
 from engine.launch.commands import forked_rank_env
 from engine.launch.procs import alive
 from tests.support.cli_runs import REPO, error_line, run_cli
-from tests.test_faults import newest_complete, start_cli, wait_for
+from tests.support.cli_runs import start_cli
+from tests.support.processes import wait_for
+from tests.test_faults import newest_complete
 from tests.test_resume_registry import diff
 
 # a short digits job: a final checkpoint and evaluation only; dist.device=cpu keeps a GPU machine's

@@ -11,9 +11,6 @@ import json
 import os
 import pickle
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from datetime import timedelta
@@ -24,14 +21,11 @@ from typing import Any
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-CLI = str(REPO / "cli.py")
+from tests.support.cli_runs import run_cli, start_cli
+from tests.support.processes import wait_for
+
 pytest.importorskip("torchft")
 
-
-def start_job(args: list[str], env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=REPO)
 
 
 def replica_step(run_dir: Path, index: int) -> int:
@@ -41,12 +35,6 @@ def replica_step(run_dir: Path, index: int) -> int:
     except (OSError, ValueError, IndexError):
         return -1
 
-
-def wait_for(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("algo,min_acc,sig", [
@@ -72,7 +60,7 @@ def fail_one_replica_and_check(algo: list[str], min_acc: float | None, cli_env: 
                                sig: signal.Signals) -> str:
     run_dir = tmp_path / "run"
     start = time.monotonic()
-    job = start_job([*algo, "ft.enabled=true", "launch.nproc=3", "train.max_steps=200",
+    job = start_cli([*algo, "ft.enabled=true", "launch.nproc=3", "train.max_steps=200",
                      "train.imbalance.delay_ms=120",
                      f"hydra.run.dir={run_dir}"], cli_env)
     wait_for(lambda: replica_step(run_dir, 1) >= 20 or job.poll() is not None, 120, "replica 1 at step 20")
@@ -107,8 +95,7 @@ def fail_one_replica_and_check(algo: list[str], min_acc: float | None, cli_env: 
 
 
 def test_wagma_refuses_fault_tolerant_mode_in_one_line(cli_env: dict, tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, CLI, "algo=wagma", "ft.enabled=true", f"hydra.run.dir={tmp_path}"],
-                          capture_output=True, text=True, env=cli_env, cwd=REPO, timeout=120)
+    proc = run_cli(["algo=wagma", "ft.enabled=true", f"hydra.run.dir={tmp_path}"], cli_env, timeout=120)
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("syncopt: error:")]
     assert len(lines) == 1 and "ft.enabled=true does not work with algo=wagma" in lines[0], proc.stderr[-2000:]
@@ -119,7 +106,7 @@ def test_the_lighthouse_dies_the_job_ends_in_one_line_and_resumes(cli_env: dict,
     run_dir = tmp_path / "run"
     args = ["algo=local_sgd", "algo.period=4", "ft.enabled=true", "launch.nproc=2", "train.max_steps=150",
             "checkpoint.every_steps=20", f"hydra.run.dir={run_dir}"]
-    job = start_job(args, cli_env)
+    job = start_cli(args, cli_env)
     wait_for(lambda: list(run_dir.glob("replicas/*/checkpoints/step_*/manifest.json")) or job.poll() is not None,
              150, "a checkpoint")
     assert job.poll() is None, job.communicate()[1][-3000:]
@@ -129,8 +116,7 @@ def test_the_lighthouse_dies_the_job_ends_in_one_line_and_resumes(cli_env: dict,
     named = [ln for ln in err.splitlines() if "lighthouse" in ln]
     assert len(named) == 1 and named[0].startswith("syncopt: the torchft lighthouse"), err[-3000:]
     assert not (run_dir / "summary.json").exists()
-    again = subprocess.run([sys.executable, CLI, *args], capture_output=True, text=True, env=cli_env, cwd=REPO,
-                           timeout=300)
+    again = run_cli(args, cli_env, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 150 and summary["resumed_from"] is not None, summary
@@ -143,7 +129,7 @@ def test_a_stop_request_checkpoints_every_replica_and_the_same_command_resumes(c
     run_dir = tmp_path / "run"
     args = ["algo=local_sgd", "algo.period=4", "ft.enabled=true", "launch.nproc=2", "train.max_steps=100",
             "train.imbalance.delay_ms=80", f"hydra.run.dir={run_dir}"]
-    job = start_job(args, cli_env)
+    job = start_cli(args, cli_env)
     wait_for(lambda: min(replica_step(run_dir, i) for i in (0, 1)) >= 12 or job.poll() is not None, 150, "step 12")
     assert job.poll() is None, job.communicate()[1][-3000:]
     (run_dir / "stop_request").touch()
@@ -153,8 +139,7 @@ def test_a_stop_request_checkpoints_every_replica_and_the_same_command_resumes(c
     assert not (run_dir / "summary.json").exists() and (run_dir / "stopped.json").exists()
     stopped_at = [int(json.loads(max((run_dir / f"replicas/{i}/checkpoints").glob("step_*/manifest.json")).read_text())
                       ["step"]) for i in (0, 1)]
-    again = subprocess.run([sys.executable, CLI, *args], capture_output=True, text=True, env=cli_env, cwd=REPO,
-                           timeout=300)
+    again = run_cli(args, cli_env, timeout=300)
     assert again.returncode == 0 and "stopped early" not in again.stderr, again.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 100 and summary["resumed_from"] in stopped_at, (summary, stopped_at)
@@ -280,9 +265,8 @@ def test_without_failures_fault_tolerant_qsr_equals_the_plain_run(cli_env: dict,
     results = {}
     for ft in ("true", "false"):
         run_dir = tmp_path / ft
-        proc = subprocess.run([sys.executable, CLI, "algo=local_sgd", "algo.sync_schedule=qsr", f"ft.enabled={ft}",
-                               "launch.nproc=3", "train.max_steps=100", f"hydra.run.dir={run_dir}"],
-                              capture_output=True, text=True, env=cli_env, cwd=REPO, timeout=300)
+        proc = run_cli(["algo=local_sgd", "algo.sync_schedule=qsr", f"ft.enabled={ft}", "launch.nproc=3",
+                        "train.max_steps=100", f"hydra.run.dir={run_dir}"], cli_env, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         results[ft] = json.loads((run_dir / "summary.json").read_text())
     ft_run, plain = results["true"], results["false"]
@@ -302,7 +286,7 @@ def test_a_replacement_outrun_by_the_finished_survivors_is_stopped_not_left_wait
     supervisor stops it with one line and the job ends with the survivors' result."""
     run_dir = tmp_path / "run"
     start = time.monotonic()
-    job = start_job(["algo=local_sgd", "algo.period=4", "ft.enabled=true", "launch.nproc=3", "train.max_steps=60",
+    job = start_cli(["algo=local_sgd", "algo.period=4", "ft.enabled=true", "launch.nproc=3", "train.max_steps=60",
                      "faults.kill=[1@55]", "ft.quorum_timeout_s=60", f"hydra.run.dir={run_dir}"], cli_env)
     out, err = job.communicate(timeout=400)
     assert job.returncode == 0, err[-3000:]

@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -31,11 +30,9 @@ import torch
 from core.errors import UserError
 from engine.ft.config import FTConfig, check_ft
 from engine.launch.config import LaunchConfig
-from tests.support.processes import alive_of_job, signal_and_wait
-from tests.test_faults import wait_for
+from tests.support.cli_runs import run_cli, start_cli
+from tests.support.processes import alive_of_job, signal_and_wait, wait_for
 
-REPO = Path(__file__).resolve().parent.parent
-CLI = str(REPO / "cli.py")
 pytest.importorskip("torchft")
 
 #: from the last replica's give-up to the job's end: the survivor reaches its next round (a period
@@ -79,9 +76,8 @@ def test_the_reported_command_is_refused_before_anything_starts(cli_env: dict, t
     """The command of issue 37 once started a lighthouse and three replicas that waited an hour
     for a quorum of five; now it is one line and exit code 2, with nothing started."""
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, CLI, "algo=local_sgd", "ft.enabled=true", "launch.nproc=3",
-                           "ft.min_replicas=5", f"hydra.run.dir={run_dir}"], capture_output=True, text=True,
-                          env=cli_env, cwd=REPO, timeout=120)
+    proc = run_cli(["algo=local_sgd", "ft.enabled=true", "launch.nproc=3", "ft.min_replicas=5",
+                    f"hydra.run.dir={run_dir}"], cli_env, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("syncopt: error:")]
     assert len(lines) == 1 and "ft.min_replicas=5" in lines[0] and "launch.nproc>=5" in lines[0], proc.stderr
@@ -197,10 +193,6 @@ def test_a_stop_pending_on_one_participant_stops_every_participant_after_the_rou
 
 
 # ---- real jobs ------------------------------------------------------------------------------------
-def _start(args: list[str], env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=REPO)
-
 
 def _step(run_dir: Path, index: int) -> int:
     try:
@@ -230,7 +222,7 @@ def test_a_quorum_that_can_no_longer_form_ends_the_job_with_the_survivors_checkp
     the second death, exit 1, one line naming replicas 1 and 2 and ft.min_replicas=2, replica 0's
     checkpoint of the step it stopped at, ft_ended.json saying so, and no process left."""
     run_dir = tmp_path / "run"
-    job = _start(["algo=local_sgd", "algo.period=4", "ft.enabled=true", "launch.nproc=3", "ft.max_restarts=0",
+    job = start_cli(["algo=local_sgd", "algo.period=4", "ft.enabled=true", "launch.nproc=3", "ft.max_restarts=0",
                   "faults.kill=[1@12,2@24]", "train.max_steps=400", "train.imbalance.delay_ms=60",
                   f"hydra.run.dir={run_dir}"], cli_env)
     _, err = job.communicate(timeout=400)
@@ -262,7 +254,7 @@ def test_a_first_signal_while_no_round_can_complete_stops_within_stop_wait_s(cli
     stopped one, within ft.stop_wait_s + STOP_SLACK_S of the signal, and no process is left."""
     run_dir = tmp_path / "run"
     wait_s = 3.0
-    job = _start(["algo=local_sgd", "algo.period=4", "ft.enabled=true", "launch.nproc=2", f"ft.stop_wait_s={wait_s}",
+    job = start_cli(["algo=local_sgd", "algo.period=4", "ft.enabled=true", "launch.nproc=2", f"ft.stop_wait_s={wait_s}",
                   "dist.timeout_s=20", "train.max_steps=400", "train.imbalance.delay_ms=60",
                   f"hydra.run.dir={run_dir}"], cli_env)
     wait_for(lambda: min(_step(run_dir, i) for i in (0, 1)) >= 12 or job.poll() is not None, 150, "step 12")
@@ -287,7 +279,7 @@ def test_a_second_signal_kills_every_process_of_the_job_at_once(cli_env: dict, t
     still be pending when the second arrives (with a round every 4 steps it could complete within
     the 0.5 s between them, and the job then ended cleanly with 0 before the second signal)."""
     run_dir = tmp_path / "run"
-    job = _start(["algo=local_sgd", "algo.period=100", "ft.enabled=true", "launch.nproc=2", "train.max_steps=400",
+    job = start_cli(["algo=local_sgd", "algo.period=100", "ft.enabled=true", "launch.nproc=2", "train.max_steps=400",
                   "train.imbalance.delay_ms=60", f"hydra.run.dir={run_dir}"], cli_env)
     wait_for(lambda: min(_step(run_dir, i) for i in (0, 1)) >= 8 or job.poll() is not None, 150, "step 8")
     assert job.poll() is None, job.communicate()[1][-3000:]

@@ -9,7 +9,6 @@ and that no rank started (the issue's: averaging AdamW's fields while training w
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest

@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,9 @@ from core.rundir import RunDir
 from engine.drivers.restart import run_with_restarts
 from engine.train.faults import FaultsConfig, fault_summary, mtbf_draw, parse_faults
 from tests.support.cli_runs import REPO, error_line, run_cli, run_cli_here
-from tests.test_faults import newest_complete, start_cli, wait_for
+from tests.support.cli_runs import start_cli
+from tests.support.processes import wait_for
+from tests.test_faults import newest_complete
 
 QUIET = ["train.eval_every_epochs=null", "checkpoint.every_epochs=null", "train.progress=false"]
 #: forked ranks (the restart loop is the same under either start; the launcher's restarts are the

@@ -30,6 +30,13 @@ def run_cli(args: list[str], env: dict[str, str], timeout: float = 300) -> subpr
                           timeout=timeout, cwd=REPO)
 
 
+def start_cli(args: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """cli.py as a new process left running (pipes for its output), for a test that signals,
+    kills or watches it."""
+    return subprocess.Popen([sys.executable, CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=REPO)
+
+
 def run_cli_here(args: list[str]) -> subprocess.CompletedProcess:
     """cli.py run in this interpreter, for a command that must end before launching anything.
     Hydra's full errors are on, as cli.py sets them when a user runs it; a command that (wrongly)

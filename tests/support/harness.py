@@ -22,15 +22,10 @@ from typing import Any, Callable
 import torch
 import torch.multiprocessing as mp
 
+from engine.launch.commands import free_port  # noqa: F401 - the tests' ports: below the ephemeral range
+
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
-
-
-def free_port() -> int:
-    """A port below the ephemeral range (engine/launch/commands.py: why)."""
-    from engine.launch.commands import free_port as listen_port
-
-    return listen_port("127.0.0.1")
 
 
 def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, args: tuple,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from engine.drivers.job_processes import read_process_log
@@ -65,3 +65,11 @@ def signal_and_wait(proc: subprocess.Popen, signals: list[int], gap_s: float = 0
     last = time.monotonic()
     _, err = proc.communicate(timeout=timeout)
     return time.monotonic() - last, err
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    """Poll `predicate` until it holds; fail the test naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
