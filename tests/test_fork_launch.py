@@ -57,17 +57,61 @@ def run_ok(args: list[str], env: dict, timeout: float = 600) -> subprocess.Compl
     return proc
 
 
-# allreduce: collectives only; dgs: a parameter server, whose serving thread the fork must start
-# in each rank afresh. (local SGD and WAGMA are the same collectives on other schedules; 16
-# ranks are compared by bench/many_ranks.py, which times both starts.)
-@pytest.mark.parametrize("algo", ["allreduce", "dgs"])
+# allreduce: collectives only; local SGD and WAGMA: collectives on their own schedules (WAGMA's
+# groups are sub-process groups every rank makes); dgs: a parameter server, whose serving thread
+# the fork must start in each rank afresh
+@pytest.mark.parametrize("algo", ["allreduce", "local_sgd", "wagma", "dgs"])
 def test_fork_and_launcher_give_bit_identical_final_states(algo: str, cli_env: dict, tmp_path: Path) -> None:
-    args = [*SHORT, *ALGOS[algo], "launch.nproc=4"]
+    assert_same_runs([*SHORT, *ALGOS[algo], "launch.nproc=4"], 4, cli_env, tmp_path)
+
+
+def test_sixteen_forked_ranks_end_as_sixteen_launched_ones(cli_env: dict, tmp_path: Path) -> None:
+    """At 16 ranks (gloo's mesh of 120 connections, the batch split 16 ways), local SGD's periodic
+    averaging: the same final state, rank by rank, under both starts."""
+    assert_same_runs(["train.max_steps=6", *SHORT[1:], *ALGOS["local_sgd"], "launch.nproc=16", "train.batch_size=16"],
+                     16, cli_env, tmp_path)
+
+
+def assert_same_runs(args: list[str], world: int, cli_env: dict, tmp_path: Path) -> None:
     run_ok([*args, f"hydra.run.dir={tmp_path / 'launcher'}"], cli_env)
     run_ok([*args, *FORK, f"hydra.run.dir={tmp_path / 'fork'}"], cli_env)
-    assert_same_states(tmp_path / "launcher", tmp_path / "fork", 4)
+    assert_same_states(tmp_path / "launcher", tmp_path / "fork", world)
     a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("launcher", "fork"))
     assert (a["test_acc"], a["test_loss"], a["comm_bytes"]) == (b["test_acc"], b["test_loss"], b["comm_bytes"])
+
+
+# cli.py's training run in one process, after the preparation forking does: what the rank imported
+RANK_IMPORTS_PROBE = """
+import json, runpy, sys
+import engine.rank.entry as entry
+from engine.drivers.fork_ranks import import_rank_modules
+trained = entry.main
+def probed(cfg, run_dir):
+    import_rank_modules()
+    before = set(sys.modules)
+    code = trained(cfg, run_dir)
+    print("IMPORTED " + json.dumps(sorted(set(sys.modules) - before)), flush=True)
+    return code
+entry.main = probed
+sys.argv = ["cli.py", *sys.argv[1:]]
+runpy.run_path("cli.py", run_name="__main__")
+"""
+
+
+def test_a_rank_finds_torch_imported_before_the_fork(cli_env: dict, tmp_path: Path) -> None:
+    """What a rank imports after the fork is imported once per rank, in pages of its own: torch.optim's
+    optimizer imports torch._dynamo (sympy, FSDP, ...) lazily, which cost 64 forked ranks about 1
+    CPU s each, most of their start-up. cli.py imports it before forking (`import_rank_modules`); a
+    rank trained in cli.py's process after the same preparation imports nothing more of torch but
+    what saving a checkpoint needs."""
+    args = ["launch.launcher=none", "launch.nproc=1", "train.max_steps=2", "train.progress=false",
+            f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = subprocess.run([sys.executable, "-c", RANK_IMPORTS_PROBE, *args], capture_output=True, text=True,
+                          env=cli_env, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    imported = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("IMPORTED "))[9:])
+    heavy = [m for m in imported if m.split(".")[0] in ("torch", "sympy", "triton")]
+    assert "torch._dynamo" not in imported and len(heavy) < 10, heavy
 
 
 def test_resume_across_the_two_starts_is_exact(cli_env: dict, tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ cli.py's (atexit handlers, the run lock, Hydra) runs twice.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import random
 import signal
@@ -73,6 +74,19 @@ def prepare_parent() -> None:
     torch.set_num_threads(1)
 
 
+#: modules a rank imports lazily on its way to its first step, which cli.py has not imported by
+#: then: torch.optim.Optimizer's constructor imports torch._dynamo (with sympy, triton's stubs and
+#: FSDP: about 1 CPU s, forked rank after forked rank, most of a 64-rank start-up's CPU)
+RANK_LAZY_IMPORTS = ("torch._dynamo",)
+
+
+def import_rank_modules() -> None:
+    """Import once, before the fork, what every rank would otherwise import for itself: after the
+    fork each rank's imports are its own work and its own pages; before it, they are shared."""
+    for name in RANK_LAZY_IMPORTS:
+        importlib.import_module(name)
+
+
 def check_fork_safe() -> None:
     """Refuse to fork ranks from a process whose state a child cannot use: a Python thread besides
     this one (whose locks, logging's or tqdm's, the children would inherit held), CUDA initialised,
@@ -97,6 +111,7 @@ class ForkedRanks:
 
     def __init__(self, nproc: int, master_addr: str, port: int, base_env: dict[str, str], body: RankBody,
                  ignore_signal: Optional[int] = None) -> None:
+        import_rank_modules()
         check_fork_safe()
         for stream in (sys.stdout, sys.stderr):  # else what is buffered is written once per process
             stream.flush()
