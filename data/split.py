@@ -190,6 +190,7 @@ def train_split(labels: Any, cfg: DataConfig, seed: int, num_shards: int, batch_
     else:
         counts = [len(p) for p in pools]
         skew = label_skew(labels, pools, train_idx)
-    record = {"val_samples": len(val), "train_samples": len(train_idx), "partition": str(cfg.partition),
+    record = {"val_samples": len(val), "train_samples": len(train_idx), "split_seed": cfg.split_seed,
+              "partition": str(cfg.partition),
               "worker_samples": counts, "label_skew_tv": round(skew, 6), **_partition_params(cfg)}
     return TrainSplit(val, plan, record)

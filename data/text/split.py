@@ -187,6 +187,7 @@ def text_split(corpus: TextCorpus, cfg: DataConfig, context: int, num_blocks: in
     test = tiling_starts(blocks.intervals(TEST), context, cfg.eval_windows)
     chars = {name: int(sum(hi - lo for lo, hi in blocks.intervals(part)))
              for name, part in (("train_chars", TRAIN), ("val_chars", VAL), ("test_chars", TEST))}
-    record.update(train_samples=num_windows, val_samples=len(val), test_samples=len(test), **chars,
+    record.update(train_samples=num_windows, val_samples=len(val), test_samples=len(test), split_seed=cfg.split_seed,
+                  **chars,
                   worker_samples=[num_windows // num_shards] * num_shards)
     return TextSplit(WindowPlan(pools, num_windows, seed, context), val, test, record)

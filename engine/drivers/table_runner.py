@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,10 +33,11 @@ from omegaconf import DictConfig
 from core.errors import UserError
 from core.provenance import code_version
 from core.rundir import RunDir
+from data.sets import DATASETS
 from engine.config import load_run_config
 from engine.tables.compare import n_examples
-from engine.tables.config import (RowConfig, TableConfig, TableLauncher, headline, load_table, row_args, row_dir,
-                                  row_grid, tie_direction, tie_seeds)
+from engine.tables.config import (RowConfig, SplitSeeds, TableConfig, TableLauncher, headline, load_table, row_args,
+                                  row_dir, row_grid, tie_direction, tie_seeds)
 from engine.tables.plots import draw_table_plots
 from engine.tables.provenance import check_tree, mixed_notice, provenance_lines
 from engine.tables.render import collect, render_markdown, write_csv
@@ -54,6 +56,34 @@ def describe_row(args: list[str]) -> str:
             f"{rc.launch.nproc} ranks/node | batch {rc.train.global_batch_size or rc.train.batch_size}"
             f"{' global' if rc.train.global_batch_size else '/rank'} | {rc.optim.name} lr {rc.optim.lr:g} | "
             f"{rc.sched.name} | {rc.train.max_steps or rc.train.epochs} {'steps' if rc.train.max_steps else 'epochs'}")
+
+
+def per_seed_options(table: TableConfig, out: Path) -> TableConfig:
+    """`table.split_seeds=per_seed`: every row's runs set the data options its data set redraws with
+    a seed (`DataSet.per_seed_split`: MNIST-1D's generator and validation carve-out, the corpus's
+    held-out blocks, digits' test split) to the run's seed, so that each seed is evaluated on test
+    data of its own and two rows at one seed on the same (they stay paired). Refused in one line
+    for a data set whose test set is fixed, and for a row that sets one of those options itself
+    (the seed would silently replace it)."""
+    if table.split_seeds != SplitSeeds.per_seed:
+        return table
+    rows = []
+    for row in table.rows:
+        args = row_args(table, row, table.seeds[0], row_dir(out, row, table.seeds[0]))
+        name = load_run_config(compose(config_name="config",
+                                       overrides=[a for a in args if not a.startswith("hydra.")])).data.name
+        redrawn = DATASETS.get(name).per_seed_split
+        if not redrawn:
+            raise UserError(f"table.split_seeds=per_seed: row {row.label} trains on data={name}, whose test set is "
+                            f"fixed; use table.split_seeds=per_table for it (sets that redraw: "
+                            f"{', '.join(n for n, s in DATASETS.items() if s.per_seed_split)})")
+        keys = [f"data.{k}" for k in redrawn]
+        clash = [a for a in [*table.overrides, *row.overrides] if a.lstrip("+").split("=")[0] in keys]
+        if clash:
+            raise UserError(f"table.split_seeds=per_seed sets {', '.join(keys)} to each run's seed, and row "
+                            f"{row.label} sets {clash[0]}; remove it or use table.split_seeds=per_table")
+        rows.append(replace(row, seed_options=[*row.seed_options, *keys]))
+    return replace(table, rows=rows)
 
 
 def run_row(args: list[str], run_dir: RunDir, timeout: Optional[float]) -> tuple[str, float]:
@@ -207,7 +237,7 @@ def _pending(table: TableConfig, out: Path) -> bool:
 
 def run_table(node: DictConfig, out: Path) -> int:
     """Run (or dry-run) the table; returns the exit code (non-zero if any row failed)."""
-    table = load_table(node)
+    table = per_seed_options(load_table(node), out)
     out.mkdir(parents=True, exist_ok=True)
     if not table.dry_run:
         # a run still to make is refused on a dirty tree now, before any starts; a table whose runs

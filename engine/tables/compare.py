@@ -104,6 +104,11 @@ def _partition(summary: Summary) -> tuple[Any, ...]:
     return tuple(split_fact(summary, k) for k in ("partition", "dirichlet_alpha", "classes_per_worker"))
 
 
+def _evaluated_on(summary: Summary) -> tuple[Any, ...]:
+    """What fixes a run's validation and test data beyond the set's name (None where not recorded)."""
+    return tuple(split_fact(summary, k) for k in ("split_seed", "generator_seed"))
+
+
 def _describe(summary: Summary) -> str:
     kind, alpha, classes = _partition(summary)
     return f"{kind}" + (f"({alpha:g})" if isinstance(alpha, (int, float)) else "") + \
@@ -120,6 +125,8 @@ def pairing(runs: dict[str, dict[int, Summary]], a: str, b: str) -> str:
             return f"{na} training rank{'s' * (na != 1)} against {b}'s {nb}: a seed draws another partition"
         if ra.get("data_split") and rb.get("data_split") and _partition(ra) != _partition(rb):
             return f"partition {_describe(ra)} against {b}'s {_describe(rb)}"
+        if _evaluated_on(ra) != _evaluated_on(rb):  # (table.split_seeds=per_seed gives both the seed's)
+            return f"other data at seed {seed} (split and generator seeds {_evaluated_on(ra)} against {_evaluated_on(rb)})"
     return ""
 
 

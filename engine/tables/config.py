@@ -40,6 +40,16 @@ class TableLauncher(enum.StrEnum):
     slurm = "slurm"  # rows submitted as Hydra multiruns through the submitit launcher
 
 
+class SplitSeeds(enum.StrEnum):
+    # one validation and one test set for every run (data.split_seed as the row sets it): the
+    # differences hold for that test set; intervals carry its finite size as a floor
+    per_table = "per_table"
+    # every run's data options named by its data set (`DataSet.per_seed_split`) set to its seed:
+    # each seed has validation and test sets of its own, so a difference's interval over seeds
+    # includes the test sets' sampling (a claim beyond one test set); refused for a fixed test set
+    per_seed = "per_seed"
+
+
 class WorkerBatch(enum.StrEnum):
     # each worker keeps its recipe's train.batch_size: the global batch grows with the workers,
     # and the learning rate follows each recipe's rule (its optim.lr, or lr x global batch / B
@@ -77,6 +87,9 @@ class RowConfig(Section):
     # ranks beyond the training workers on the workers axis: a parameter-server row's servers
     # (launch.nproc = workers + extra_ranks, so that every row trains on the same number of workers)
     extra_ranks: int = option(0, ge=0)
+    # options set to each run's seed (`<option>=<seed>`, after the row's own): filled from the data
+    # set by table.split_seeds=per_seed (engine/drivers/table_runner.py, per_seed_options)
+    seed_options: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -129,6 +142,8 @@ class TableConfig(Section):
     # declared comparisons [a, b] (a - b, paired where they pair); a label without @variant is
     # compared under every variant. Corrected with the rest of the table's comparisons (Holm)
     comparisons: list[list[str]] = field(default_factory=list)
+    # whether every seed draws its own validation and test sets (per_seed) or all share one
+    split_seeds: SplitSeeds = SplitSeeds.per_table
     # a difference to resolve: table.md prints the seeds each variant would need for it
     resolve_target: Optional[float] = option(None, gt=0)
     # run on a tree with uncommitted changes (refused otherwise); table.md says so
@@ -386,7 +401,8 @@ def load_table(node: DictConfig) -> TableConfig:
 def row_args(table: TableConfig, row: RowConfig, seed: int, run_dir: RunDir, setting: list[str] = ()) -> list[str]:
     """cli.py's arguments for one run of a row (`setting`: a tuning grid's overrides, last)."""
     args = [f"recipe={row.recipe}"] if row.recipe else []
-    return [*args, *table.overrides, *row.overrides, *setting, f"seed={seed}", f"hydra.run.dir={run_dir.root}"]
+    return [*args, *table.overrides, *row.overrides, *setting, *(f"{key}={seed}" for key in row.seed_options),
+            f"seed={seed}", f"hydra.run.dir={run_dir.root}"]
 
 
 def row_dir(out: Path, row: RowConfig, seed: int) -> RunDir:

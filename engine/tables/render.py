@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from engine.tables.compare import Comparison, Family, build_family
-from engine.tables.config import TableConfig, batch_rule, headline, row_dir, row_grid, target, tie_seeds
+from engine.tables.config import SplitSeeds, TableConfig, batch_rule, headline, row_dir, row_grid, target, tie_seeds
 from engine.tables.measure import evaluation_set, is_proportion, sign
 from engine.tables.runs import TASK_METRICS, Summary, read_runs, set_size
 from engine.tables.runs import to_target as _to_target
@@ -220,8 +220,14 @@ def _tuning_lines(table: TableConfig, tuned: dict[str, Tuned], failed: list[str]
 
 
 def _intervals_text(table: TableConfig, family: Optional[Family], gathered_n: Optional[int]) -> list[str]:
-    floor = (f" The seeds share one test set of {gathered_n} examples, so an accuracy's interval is never "
-             f"narrower than that set allows: h = sqrt(h_seed^2 + (1.96 SE)^2), SE the Agresti-Coull standard "
+    per_seed = table.split_seeds == SplitSeeds.per_seed
+    shared = (f" Each seed has validation and test data of its own (table.split_seeds=per_seed: runs.csv's "
+              f"split_seed and generator_seed follow the seed; two rows at one seed share it), so the spread "
+              f"over seeds includes the test sets' sampling, and the floor of one test set of {gathered_n} "
+              f"examples, kept under every interval, is conservative:" if per_seed else
+              f" The seeds share one test set of {gathered_n} examples, so an accuracy's interval is never "
+              f"narrower than that set allows:")
+    floor = (f"{shared} h = sqrt(h_seed^2 + (1.96 SE)^2), SE the Agresti-Coull standard "
              f"error of the mean accuracy on {gathered_n} examples; a difference's floor counts the examples "
              f"it rests on (fewer than 6 are never resolved)." if gathered_n else
              f" No test-set floor: {'the runs record no test-set size (set table.test_examples)' if is_proportion(table.compare_metric) else table.compare_metric + ' is not a proportion, and the runs record no per-example spread'}; "

@@ -3,7 +3,9 @@ beside table.csv from which every interval of table.csv can be recomputed by a r
 
 runs.csv has one line per reported run (row x variant x seed): `label` (table.csv's), `row`,
 `variant`, `seed`, the code it ran (`commit`, `dirty`), what pairing depends on (`train_ranks`,
-`partition`, `dirichlet_alpha`, `classes_per_worker`), the evaluation sets' sizes (`test_samples`,
+`partition`, `dirichlet_alpha`, `classes_per_worker`), which data it was evaluated on (`split_seed`,
+and a generated set's `generator_seed`: they follow the seed under table.split_seeds=per_seed),
+the evaluation sets' sizes (`test_samples`,
 `val_samples`: the floor under accuracy intervals) and every reported metric: the table's columns
 and ratios, its headline and selection metrics, and every test or validation value the runs
 recorded (a language model's `bits_per_char` and `perplexity` included).
@@ -25,7 +27,7 @@ Summary = dict[str, Any]
 #: metrics a task may report without a test_/val_ prefix (a language model's, on test)
 TASK_METRICS = ("bits_per_char", "perplexity")
 FACTS = ["commit", "dirty", "train_ranks", "partition", "dirichlet_alpha", "classes_per_worker",
-         "test_samples", "val_samples"]
+         "split_seed", "generator_seed", "test_samples", "val_samples"]
 
 
 def to_target(run_dir: Any, target_value: float, metric: str = "test_acc",
@@ -70,9 +72,11 @@ def read_runs(table: TableConfig, out: Path) -> dict[str, dict[int, Summary]]:
 
 
 def split_fact(summary: Summary, key: str) -> Any:
-    """A data-split fact of a run (`data_split` in summary.json), or a top-level key of the same name."""
+    """A data-split fact of a run (`data_split` in summary.json, a generated set's record within it),
+    or a top-level key of the same name."""
     split = summary.get("data_split") if isinstance(summary.get("data_split"), dict) else {}
-    return split.get(key, summary.get(key))
+    generated = split.get("generated") if isinstance(split.get("generated"), dict) else {}
+    return split.get(key, generated.get(key, summary.get(key)))
 
 
 def set_size(summary: Summary, metric: str, table: TableConfig) -> Optional[int]:
