@@ -72,3 +72,13 @@ def test_rows_evaluated_on_other_data_at_one_seed_are_not_paired() -> None:
     assert pairing({"a": {1: run(1)}, "b": {1: run(1)}}, "a", "b") == ""
     why = pairing({"a": {1: run(1)}, "b": {1: run(0)}}, "a", "b")
     assert why.startswith("other data at seed 1"), why
+
+
+def test_a_run_made_for_one_shared_test_set_is_not_reused_by_a_per_seed_table(tmp_path: Path) -> None:
+    run = tmp_path / "out" / "a" / "seed_2"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"test_acc": 0.5, "data_split": {"split_seed": 0}}))
+    proc = run_cli_here([*write_table(tmp_path / "conf", MNIST1D), "table.dry_run=true",
+                         f"hydra.run.dir={tmp_path / 'out'}"])
+    line = error_line(proc)
+    assert proc.returncode == 2 and f"{run} was evaluated with data.split_seed=0, not its seed 2" in line, line

@@ -83,7 +83,25 @@ def per_seed_options(table: TableConfig, out: Path) -> TableConfig:
             raise UserError(f"table.split_seeds=per_seed sets {', '.join(keys)} to each run's seed, and row "
                             f"{row.label} sets {clash[0]}; remove it or use table.split_seeds=per_table")
         rows.append(replace(row, seed_options=[*row.seed_options, *keys]))
+    check_seeded_runs(out)
     return replace(table, rows=rows)
+
+
+def check_seeded_runs(out: Path) -> None:
+    """A finished run in `out` (reported or tuning: `.../seed_<s>/summary.json`) that a per-seed
+    table would reuse must have been evaluated on its seed's data; one made for one shared test set
+    (the same folder run before with table.split_seeds=per_table) is refused in one line, never
+    mixed in."""
+    for summary in sorted(out.glob("**/seed_*/summary.json")) if out.is_dir() else []:
+        seed = summary.parent.name.removeprefix("seed_")
+        split = json.loads(summary.read_text()).get("data_split") or {}
+        found = {"data.split_seed": split.get("split_seed"),
+                 "data.generator_seed": (split.get("generated") or {}).get("generator_seed")}
+        wrong = [f"{k}={v}" for k, v in found.items() if v is not None and str(v) != seed]
+        if wrong:
+            raise UserError(f"table.split_seeds=per_seed: {summary.parent} was evaluated with {wrong[0]}, not its "
+                            f"seed {seed} (made with one test set for every seed); use another hydra.run.dir or "
+                            f"move that run away")
 
 
 def run_row(args: list[str], run_dir: RunDir, timeout: Optional[float]) -> tuple[str, float]:
