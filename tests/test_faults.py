@@ -22,8 +22,6 @@ LONG = ["train.max_steps=100000", "train.eval_every_epochs=null", "checkpoint.ev
         "checkpoint.every_epochs=null", "train.progress=false", "launch.nproc=4"]
 
 
-
-
 def newest_complete(run_dir: Path) -> ckpt.Manifest | None:
     found = ckpt.complete_checkpoints(run_dir)
     return found[0] if found else None

@@ -19,8 +19,7 @@ from core.run_files import read_step
 from engine.drivers.fork_ranks import check_fork_safe
 from engine.launch.commands import forked_rank_env
 from engine.launch.procs import alive
-from tests.support.cli_runs import REPO, error_line, run_cli
-from tests.support.cli_runs import start_cli
+from tests.support.cli_runs import REPO, error_line, run_cli, start_cli
 from tests.support.processes import wait_for
 from tests.test_faults import newest_complete
 from tests.test_resume_registry import diff

@@ -19,8 +19,7 @@ from core.run_files import FaultLog, read_step
 from core.rundir import RunDir
 from engine.drivers.restart import run_with_restarts
 from engine.train.faults import FaultsConfig, fault_summary, mtbf_draw, parse_faults
-from tests.support.cli_runs import REPO, error_line, run_cli, run_cli_here
-from tests.support.cli_runs import start_cli
+from tests.support.cli_runs import REPO, error_line, run_cli, run_cli_here, start_cli
 from tests.support.processes import wait_for
 from tests.test_faults import newest_complete
 

@@ -9,17 +9,9 @@ import json
 from pathlib import Path
 
 from tests.support.cli_runs import error_line, run_cli, run_cli_here
+from tests.test_tables import write_table
 
-FAST = ("[launch.launcher=none, launch.nproc=1, train.max_steps=4, train.eval_every_steps=null, "
-        "train.eval_every_epochs=null, checkpoint.every_epochs=null, train.progress=false]")
-
-
-def write_table(folder: Path, rows: str, extra: str = "") -> list[str]:
-    (folder / "table").mkdir(parents=True, exist_ok=True)
-    (folder / "table" / "seeded.yaml").write_text(
-        "# @package table\ndefaults: [_schema, _self_]\nname: seeded\nbaseline: a\nseeds: [1, 2]\n"
-        f"split_seeds: per_seed\nallow_dirty: true\nplots: []\noverrides: {FAST}\n{extra}rows:\n{rows}")
-    return ["table=seeded", f"hydra.searchpath=[file://{folder}]"]
+PER_SEED = "seeds: [1, 2]\nsplit_seeds: per_seed\n"
 
 
 MNIST1D = ("  - {label: a, overrides: [data=mnist1d, model=mnist1d_cnn, data.num_samples=1000]}\n"
@@ -28,7 +20,7 @@ MNIST1D = ("  - {label: a, overrides: [data=mnist1d, model=mnist1d_cnn, data.num
 
 def test_each_seed_draws_its_own_data_and_rows_at_one_seed_share_it(cli_env: dict, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = run_cli([*write_table(tmp_path / "conf", MNIST1D), f"hydra.run.dir={out}"], cli_env)
+    proc = run_cli([*write_table(tmp_path / "conf", "seeded", MNIST1D, PER_SEED), f"hydra.run.dir={out}"], cli_env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for label in ("a", "b"):
         for seed in (1, 2):
@@ -47,7 +39,7 @@ def test_each_seed_draws_its_own_data_and_rows_at_one_seed_share_it(cli_env: dic
 
 def test_a_fixed_test_set_is_refused_in_one_line(tmp_path: Path) -> None:
     rows = ("  - {label: a, overrides: [data=cifar10, model=resnet20, data.root=/nowhere]}\n")
-    proc = run_cli_here([*write_table(tmp_path / "conf", rows), "table.dry_run=true",
+    proc = run_cli_here([*write_table(tmp_path / "conf", "seeded", rows, PER_SEED), "table.dry_run=true",
                          f"hydra.run.dir={tmp_path / 'out'}"])
     line = error_line(proc)
     assert proc.returncode == 2 and "row a trains on data=cifar10, whose test set is fixed" in line, line
@@ -56,7 +48,7 @@ def test_a_fixed_test_set_is_refused_in_one_line(tmp_path: Path) -> None:
 
 def test_a_row_that_sets_a_seeded_option_itself_is_refused(tmp_path: Path) -> None:
     rows = "  - {label: a, overrides: [data.split_seed=7]}\n"
-    proc = run_cli_here([*write_table(tmp_path / "conf", rows), "table.dry_run=true",
+    proc = run_cli_here([*write_table(tmp_path / "conf", "seeded", rows, PER_SEED), "table.dry_run=true",
                          f"hydra.run.dir={tmp_path / 'out'}"])
     line = error_line(proc)
     assert proc.returncode == 2 and "row a sets data.split_seed=7" in line, line
@@ -78,7 +70,7 @@ def test_a_run_made_for_one_shared_test_set_is_not_reused_by_a_per_seed_table(tm
     run = tmp_path / "out" / "a" / "seed_2"
     run.mkdir(parents=True)
     (run / "summary.json").write_text(json.dumps({"test_acc": 0.5, "data_split": {"split_seed": 0}}))
-    proc = run_cli_here([*write_table(tmp_path / "conf", MNIST1D), "table.dry_run=true",
+    proc = run_cli_here([*write_table(tmp_path / "conf", "seeded", MNIST1D, PER_SEED), "table.dry_run=true",
                          f"hydra.run.dir={tmp_path / 'out'}"])
     line = error_line(proc)
     assert proc.returncode == 2 and f"{run} was evaluated with data.split_seed=0, not its seed 2" in line, line

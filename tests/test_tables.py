@@ -12,12 +12,13 @@ from tests.support.cli_runs import run_cli
 FAST = "[launch.launcher=none, launch.nproc=1, train.max_steps=6, train.eval_every_steps=3]"
 
 
-def write_table(folder: Path, name: str, rows: str) -> list[str]:
+def write_table(folder: Path, name: str, rows: str, extra: str = "") -> list[str]:
+    """A table config of these rows (`extra`: more of its keys, YAML lines) and the arguments that run it."""
     (folder / "table").mkdir(parents=True, exist_ok=True)
     (folder / "table" / f"{name}.yaml").write_text(
         f"# @package table\ndefaults: [_schema, _self_]\nname: {name}\nbaseline: a\noverrides: {FAST}\nplots: [accuracy, throughput]\n"
         # (a table refuses a dirty tree; these tests run on a developer's, whose table.md says so)
-        f"allow_dirty: true\n"
+        f"allow_dirty: true\n{extra}"
         f"rows:\n{rows}")
     return [f"table={name}", f"hydra.searchpath=[file://{folder}]"]
 

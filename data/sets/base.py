@@ -65,10 +65,9 @@ class DataSet(ABC):
     #: given one of them refuses it in one line rather than ignoring it
     reads: ClassVar[tuple[str, ...]] = ()
     #: the `data.*` options a table sets to each run's seed so that every seed has validation and
-    #: test sets of its own (`table.split_seeds=per_seed`), and what such a set is, in words; ()
-    #: where the test set is fixed (an official one: CIFAR's, ImageNet's)
+    #: test sets of its own (`table.split_seeds=per_seed`; docs/tables.md says what each set's
+    #: redraw is); () where the test set is fixed (an official one: CIFAR's, ImageNet's)
     per_seed_split: ClassVar[tuple[str, ...]] = ()
-    per_seed_kind: ClassVar[str] = ""
 
     # ---- facts and config ------------------------------------------------------------------
     def spec(self, cfg: DataConfig) -> DataSpec:

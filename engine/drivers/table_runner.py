@@ -41,7 +41,7 @@ from engine.tables.config import (RowConfig, SplitSeeds, TableConfig, TableLaunc
 from engine.tables.plots import draw_table_plots
 from engine.tables.provenance import check_tree, mixed_notice, provenance_lines
 from engine.tables.render import collect, render_markdown, write_csv
-from engine.tables.runs import Summary, read_runs, write_runs_csv
+from engine.tables.runs import EVALUATED_ON, Summary, read_runs, split_fact, write_runs_csv
 from engine.tables.tuning import (Setting, TunePolicy, Tuned, choose, extend_grid, grid_settings, row_seeds,
                                   setting_name, setting_overrides, stale_setting, tune_dir)
 
@@ -94,10 +94,9 @@ def check_seeded_runs(out: Path) -> None:
     mixed in."""
     for summary in sorted(out.glob("**/seed_*/summary.json")) if out.is_dir() else []:
         seed = summary.parent.name.removeprefix("seed_")
-        split = json.loads(summary.read_text()).get("data_split") or {}
-        found = {"data.split_seed": split.get("split_seed"),
-                 "data.generator_seed": (split.get("generated") or {}).get("generator_seed")}
-        wrong = [f"{k}={v}" for k, v in found.items() if v is not None and str(v) != seed]
+        recorded = json.loads(summary.read_text())
+        wrong = [f"data.{key}={value}" for key in EVALUATED_ON
+                 if (value := split_fact(recorded, key)) is not None and str(value) != seed]
         if wrong:
             raise UserError(f"table.split_seeds=per_seed: {summary.parent} was evaluated with {wrong[0]}, not its "
                             f"seed {seed} (made with one test set for every seed); use another hydra.run.dir or "

@@ -36,7 +36,7 @@ from typing import Any, Optional
 
 from engine.tables.config import TableConfig
 from engine.tables.measure import Headline, is_proportion
-from engine.tables.runs import Summary, row_of, set_size, split_fact, variant_of
+from engine.tables.runs import EVALUATED_ON, Summary, row_of, set_size, split_fact, variant_of
 from engine.tables.stats import (LEVEL, Difference, difference, difference_se_floor, holm, holm_levels,
                                  min_detectable, one_sample, seeds_for, two_samples)
 
@@ -106,7 +106,7 @@ def _partition(summary: Summary) -> tuple[Any, ...]:
 
 def _evaluated_on(summary: Summary) -> tuple[Any, ...]:
     """What fixes a run's validation and test data beyond the set's name (None where not recorded)."""
-    return tuple(split_fact(summary, k) for k in ("split_seed", "generator_seed"))
+    return tuple(split_fact(summary, k) for k in EVALUATED_ON)
 
 
 def _describe(summary: Summary) -> str:

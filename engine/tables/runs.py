@@ -26,8 +26,10 @@ from engine.tables.measure import Better, evaluation_set, implied_direction, rea
 Summary = dict[str, Any]
 #: metrics a task may report without a test_/val_ prefix (a language model's, on test)
 TASK_METRICS = ("bits_per_char", "perplexity")
+#: what fixes a run's validation and test data beyond the set's name (`data.<key>` in its config)
+EVALUATED_ON = ("split_seed", "generator_seed")
 FACTS = ["commit", "dirty", "train_ranks", "partition", "dirichlet_alpha", "classes_per_worker",
-         "split_seed", "generator_seed", "test_samples", "val_samples"]
+         *EVALUATED_ON, "test_samples", "val_samples"]
 
 
 def to_target(run_dir: Any, target_value: float, metric: str = "test_acc",
