@@ -12,7 +12,7 @@ import math
 import statistics
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 from omegaconf import OmegaConf
@@ -201,6 +201,83 @@ def test_settings_within_the_validation_sets_resolution_get_a_second_seed_then_t
                    {"val_acc": correct / 144, "val_loss": 0.1, "data_split": {"val_samples": 144}})
     assert all("seed 4" not in name for name, _, _ in tuning_jobs(table, clear))
     assert not chosen(table, clear)["r"].within_noise
+
+
+def _write_tuning_run(out: Path, lr: float, seed: int, val_acc: float, val_loss: float,
+                      first_loss: float = 2.30) -> None:
+    """A tuning run of lr on seed whose first logged training loss is `first_loss`."""
+    from engine.tables.tuning import tune_dir
+
+    run = tune_dir(out, "r", (("optim.lr", lr),), seed)
+    _write_run(run, {"val_acc": val_acc, "val_loss": val_loss, "data_split": {"val_samples": 6000}})
+    run.metrics.write_text(json.dumps({"kind": "train", "step": 10, "loss": first_loss}) + "\n"
+                           + json.dumps({"kind": "eval", "step": 100, "val_loss": val_loss}) + "\n")
+
+
+def test_a_contender_a_grid_step_below_a_diverged_rate_is_set_aside(tmp_path: Path) -> None:
+    """The MNIST-1D trial's allreduce on two tuning seeds: 0.1 and 0.3 within noise, 0.3 ahead on
+    validation loss by 0.0002, 0.9 collapsed to the untrained loss on both. The margin chooses 0.1
+    and table.md says why; without it (no stability keys) validation loss chooses 0.3."""
+    from engine.tables.config import load_table
+    from engine.tables.render import _tuning_lines
+    from engine.tables.tuning import TunePolicy, choose
+
+    grid = {"optim.lr": [0.03, 0.1, 0.3, 0.9]}
+    val = {0.03: ((0.9545, 0.1368), (0.9475, 0.1663)), 0.1: ((0.9817, 0.0573), (0.9790, 0.0709)),
+           0.3: ((0.9805, 0.0581), (0.9775, 0.0696)), 0.9: ((0.0998, 2.3026), (0.1002, 2.3026))}
+    for lr, by_seed in val.items():
+        for seed, (acc, loss) in zip((0, 100), by_seed):
+            _write_tuning_run(tmp_path, lr, seed, acc, loss, first_loss=2.3022)
+    tuned = choose(tmp_path, "r", grid, [0, 100], "val_acc")
+    assert set(tuned.contenders) == {(("optim.lr", 0.1),), (("optim.lr", 0.3),)}
+    assert tuned.diverged == {(("optim.lr", 0.9),): [0, 100]}
+    assert tuned.set_aside == [(("optim.lr", 0.3),)]
+    assert tuned.winner == (("optim.lr", 0.1),) and tuned.rule == "stability margin"
+    plain = choose(tmp_path, "r", grid, [0, 100], "val_acc", TunePolicy(stability_keys=()))
+    assert plain.winner == (("optim.lr", 0.3),) and plain.rule == "val_loss" and not plain.set_aside
+    table = load_table(_table([{"label": "r", "tune": grid}], baseline="r", tune_seeds=[0, 100]))
+    text = "\n".join(_tuning_lines(table, {"r": tuned}, []))
+    assert "| r | optim.lr_0.3 | 0.9790 | 2/2 |  | 0.0638 | set aside |" in text
+    assert "Set aside by the stability margin" in text and "r (optim.lr_0.3)" in text
+    assert "r optim.lr_0.9 (seeds 0, 100)" in text
+
+
+def test_the_margin_never_overrides_a_winner_validation_resolves(tmp_path: Path) -> None:
+    """0.3 beats 0.1 by 300 of 6,000 validation signals on both seeds: resolved, so 0.9's
+    divergence does not move the choice (the margin decides only among contenders); and a
+    contender that diverged on one of its own seeds is set aside even when its mean is in noise."""
+    from engine.tables.tuning import choose
+
+    grid = {"optim.lr": [0.1, 0.3, 0.9]}
+    for seed in (0, 1):
+        _write_tuning_run(tmp_path, 0.1, seed, 0.93 + seed * 0.001, 0.2)
+        _write_tuning_run(tmp_path, 0.3, seed, 0.98 + seed * 0.002, 0.07)
+        _write_tuning_run(tmp_path, 0.9, seed, 0.10, float("nan"))
+    tuned = choose(tmp_path, "r", grid, [0, 1], "val_acc")
+    assert tuned.winner == (("optim.lr", 0.3),) and tuned.rule == "best mean" and not tuned.within_noise
+    assert tuned.diverged == {(("optim.lr", 0.9),): [0, 1]}
+    # 0.3 collapses on seed 1 only: with two seeds its mean stays within noise of 0.1's
+    _write_tuning_run(tmp_path, 0.3, 1, 0.10, 2.31)
+    tuned = choose(tmp_path, "r", grid, [0, 1], "val_acc")
+    assert tuned.within_noise and tuned.set_aside == [(("optim.lr", 0.3),)]
+    assert tuned.winner == (("optim.lr", 0.1),) and tuned.rule == "stability margin"
+
+
+def test_a_run_has_diverged_when_it_ends_no_better_than_it_began(tmp_path: Path) -> None:
+    from engine.tables.tuning import diverged, tune_dir
+
+    def run(val_loss: float, first: Optional[float]) -> Any:
+        r = tune_dir(tmp_path, f"d{val_loss}{first}", (("optim.lr", 0.1),), 0)
+        _write_run(r, {"val_loss": val_loss})
+        if first is not None:
+            r.metrics.write_text(json.dumps({"kind": "train", "step": 10, "loss": first}) + "\n")
+        return r
+
+    assert diverged(run(2.3026, 2.3022))  # collapsed to a constant output
+    assert diverged(run(float("inf"), 2.3)) and diverged(run(float("nan"), None))
+    assert not diverged(run(0.06, 2.3))  # learned
+    assert not diverged(run(2.5, None))  # no first loss recorded: unknown, not a divergence
+    assert not diverged(tune_dir(tmp_path, "missing", (("optim.lr", 0.1),), 0))
 
 
 # --- provenance -----------------------------------------------------------------------------------

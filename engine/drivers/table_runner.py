@@ -172,7 +172,8 @@ def tune_policy(table: TableConfig) -> TunePolicy:
     its tie metric, and the extra tuning seed a one-seed grid gets when it cannot choose."""
     return TunePolicy(metric=table.select_metric, better=headline(table).select_better, tie_metric=table.tie_metric,
                       tie_better=tie_direction(table), val_examples=table.val_examples,
-                      tie_seeds=tuple(tie_seeds(table)) if len(table.tune_seeds) < 2 else ())
+                      tie_seeds=tuple(tie_seeds(table)) if len(table.tune_seeds) < 2 else (),
+                      stability_keys=tuple(table.tune_stability_keys))
 
 
 def tuning_grid(table: TableConfig, row: RowConfig, out: Path) -> dict[str, list[Any]]:

@@ -132,6 +132,10 @@ class TableConfig(Section):
     # the extra tuning seed(s) run when a one-seed grid's best settings are within noise of each
     # other (null: one seed, the smallest not in seeds or tune_seeds)
     tune_tie_seeds: Optional[list[int]] = None
+    # grid keys along which a larger value is less stable (a step size): among settings validation
+    # cannot tell apart, one whose next larger grid point diverged on a tuning seed is set aside, as
+    # is one that diverged itself (engine/tables/tuning.py, step 4; [] keeps only the latter)
+    tune_stability_keys: list[str] = field(default_factory=lambda: ["optim.lr"])
     # the number of examples of the test and validation sets, for runs that do not record it
     # (summary.json `test_samples`, `data_split.val_samples`): the floor under accuracy intervals
     test_examples: Optional[int] = option(None, gt=0)

@@ -186,8 +186,8 @@ def _tuning_lines(table: TableConfig, tuned: dict[str, Tuned], failed: list[str]
              f"results are above. Test accuracy chose nothing. Settings whose validation results are not "
              f"told apart from the best (the interval of their paired difference, floored by the validation "
              f"set's size, includes 0) are contenders; a one-seed grid with several contenders ran again on "
-             f"tuning seed(s) {tie_seeds(table)}, "
-             f"and the contenders left are decided by the best mean {table.tie_metric}, then the best mean "
+             f"tuning seed(s) {tie_seeds(table)}; {_margin_text(table)}"
+             f"the contenders left are decided by the best mean {table.tie_metric}, then the best mean "
              f"{first.metric}, then grid order (engine/tables/tuning.py).", "",
              f"| row | setting | mean {first.metric} | runs | chosen | mean {table.tie_metric} | contender |",
              "|---|---|---|---|---|---|---|"]
@@ -198,7 +198,7 @@ def _tuning_lines(table: TableConfig, tuned: dict[str, Tuned], failed: list[str]
                          f"{runs}/{len(result.seeds) or len(table.tune_seeds)} | "
                          f"{'**yes**' if setting == result.winner else ''} | "
                          f"{'-' if tie is None else f'{tie:.4f}'} | "
-                         f"{'yes' if result.within_noise and setting in result.contenders else ''} |")
+                         f"{_contender_cell(result, setting)} |")
     rows = {r.label: r for r in table.rows}
     extended = [label for label, result in tuned.items()
                 if label in rows and len(result.results) > len(grid_settings(row_grid(table, rows[label])))]
@@ -210,6 +210,15 @@ def _tuning_lines(table: TableConfig, tuned: dict[str, Tuned], failed: list[str]
     if noisy:
         lines += ["", f"Chosen within noise (validation does not tell the contenders apart; the choice rests on "
                       f"the rule named): {', '.join(noisy)}."]
+    aside = [f"{label} ({', '.join(setting_name(s) for s in r.set_aside)})" for label, r in tuned.items() if r.set_aside]
+    if aside:
+        lines += ["", f"Set aside by the stability margin (a contender that diverged on a tuning seed, or a grid "
+                      f"step below a setting that did): {', '.join(aside)}."]
+    blown = [f"{label} {setting_name(s)} (seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))})"
+             for label, r in tuned.items() for s, seeds in r.diverged.items()]
+    if blown:
+        lines += ["", f"Tuning runs that diverged (final validation loss not finite or not below the first "
+                      f"logged training loss): {', '.join(blown)}."]
     at_edge = [label for label, result in tuned.items() if result.at_edge]
     if at_edge:
         lines += ["", f"Chosen at an edge of the grid as run, or tied with an edge (the best setting may lie beyond "
@@ -217,6 +226,18 @@ def _tuning_lines(table: TableConfig, tuned: dict[str, Tuned], failed: list[str]
     if failed:
         lines += ["", f"Tuning runs that did not complete (no mean, cannot be chosen): {', '.join(failed)}."]
     return lines + [""]
+
+
+def _margin_text(table: TableConfig) -> str:
+    keys = table.tune_stability_keys
+    beyond = f", or whose next larger {' / '.join(keys)} did," if keys else ""
+    return f"among the contenders, one that diverged on a tuning seed{beyond} is set aside unless all would be (the stability margin); "
+
+
+def _contender_cell(result: Tuned, setting: Any) -> str:
+    if not result.within_noise or setting not in result.contenders:
+        return ""
+    return "set aside" if setting in result.set_aside else "yes"
 
 
 def _intervals_text(table: TableConfig, family: Optional[Family], gathered_n: Optional[int]) -> list[str]:

@@ -20,10 +20,24 @@ use the setting chosen:
 3. A grid tuned on ONE seed whose contenders are more than one runs again, whole, on
    `table.tune_tie_seeds` (default: one seed used nowhere else), and steps 1-2 are taken again on
    the means over both seeds.
-4. Among the contenders that remain, the best mean of `table.tie_metric` (validation loss by
+4. The STABILITY MARGIN: a contender that DIVERGED on any tuning seed is set aside (with two
+   seeds a diverged run can leave its mean within noise of the best); then, along a grid key where
+   a larger value is less stable (`table.tune_stability_keys`, default the learning rate), so is
+   a contender whose next larger grid point diverged on any tuning seed; each unless it would set
+   aside every contender left. A run has
+   diverged when its final validation loss is not finite or no lower than its first logged
+   training loss (about the untrained model's: it ended no better than it began). Why: the largest
+   stable rate moves from seed to seed, and a handful of tuning seeds cannot see a rate that
+   diverges on one seed in eight; when validation cannot tell the contenders apart, the one a grid
+   step further from a rate seen to fail is the safer choice. It never overrides a winner that
+   validation resolves. (Found by docs/results/head_to_head_mnist1d_iid_pair, where allreduce's
+   0.3, tied with 0.1 and a step below 0.9, which diverged on both tuning seeds, was chosen by a
+   validation loss 0.0002 lower and then diverged on one reported seed of eight.)
+5. Among the contenders that remain, the best mean of `table.tie_metric` (validation loss by
    default: a finer measure of the same models than the count of images they get right) wins;
    where that ties too or is missing, the best mean of the selection metric, then grid order.
-   table.md flags every row whose choice was made among several contenders ("within noise").
+   table.md flags every row whose choice was made among several contenders ("within noise") and
+   names the contenders the margin set aside.
 
 A grid is only as good as its range: a method whose best learning rate lies below the grid is
 compared at the wrong one. With `table.tune_extend=N`, a one-key numeric grid whose winner, or any
@@ -74,8 +88,9 @@ def tune_dir(out: Path, label: str, setting: Setting, seed: int) -> RunDir:
 @dataclass(frozen=True)
 class TunePolicy:
     """How a grid's choice is made: the selection metric and its direction, the tie metric and its
-    direction, the validation set's size where runs do not record it, and the extra tuning seeds
-    a one-seed grid gets when its best settings are within noise."""
+    direction, the validation set's size where runs do not record it, the extra tuning seeds
+    a one-seed grid gets when its best settings are within noise, and the grid keys along which a
+    larger value is less stable (step 4's margin)."""
     metric: str = "val_acc"
     better: Better = Better.higher
     tie_metric: Optional[str] = "val_loss"
@@ -83,6 +98,7 @@ class TunePolicy:
     val_examples: Optional[int] = None
     tie_seeds: tuple[int, ...] = ()
     level: float = LEVEL
+    stability_keys: tuple[str, ...] = ("optim.lr",)
 
 
 @dataclass
@@ -96,10 +112,12 @@ class Tuned:
     winner: Optional[Setting]
     seeds: list[int] = field(default_factory=list)
     contenders: list[Setting] = field(default_factory=list)
-    rule: str = "best mean"  # best mean | <tie_metric> | grid order
+    rule: str = "best mean"  # best mean | stability margin | <tie_metric> | grid order
     tie_means: dict[Setting, Optional[float]] = field(default_factory=dict)
     val_examples: Optional[int] = None  # the validation set's size the noise was judged on
     at_edge: bool = False  # a one-key numeric grid whose winner, or a setting tied with the best, is at an edge
+    set_aside: list[Setting] = field(default_factory=list)  # contenders diverged, or a grid step below a diverged setting
+    diverged: dict[Setting, list[int]] = field(default_factory=dict)  # the tuning seeds each setting diverged on
 
     @property
     def within_noise(self) -> bool:
@@ -156,7 +174,7 @@ def _edge_flags(settings: list[Setting], candidates: list[Setting]) -> tuple[boo
 def choose(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[int], metric: str,
            policy: Optional[TunePolicy] = None) -> Tuned:
     """The setting chosen from the tuning runs' summaries over `seeds` (see the module doc,
-    steps 1, 2 and 4; `row_seeds` gives step 3's seeds)."""
+    steps 1, 2, 4 and 5; `row_seeds` gives step 3's seeds)."""
     policy = replace(policy or TunePolicy(), metric=metric)
     settings = grid_settings(grid)
     by_setting: dict[Setting, dict[int, float]] = {}
@@ -185,18 +203,61 @@ def choose(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[int], 
                   and within_noise(by_setting[first_best], by_setting[s], n_floor, policy.level)]
     tie_means = {s: statistics.fmean(ties[s].values()) if len(ties.get(s, {})) == len(seeds) else None
                  for s in settings}
-    winner, rule = first_best, "best mean"
+    failed = {s: [seed for seed in seeds if diverged(tune_dir(out, label, s, seed))] for s in settings}
+    failed = {s: bad for s, bad in failed.items() if bad}
+    winner, rule, set_aside = first_best, "best mean", []
     if len(contenders) > 1:
-        winner, rule = _break_tie(contenders, means, tie_means, policy)
+        pool = [s for s in contenders if s not in failed] or contenders
+        pool = [s for s in pool if s not in below_a_divergence(settings, failed, policy.stability_keys)] or pool
+        set_aside = [s for s in contenders if s not in pool]
+        winner, rule = ((pool[0], "stability margin") if len(pool) == 1
+                        else _break_tie(pool, means, tie_means, policy))
     tied_best = [s for s in settings if means.get(s) == best_mean]
     low, high = _edge_flags(settings, [winner, *tied_best])
     return Tuned(metric, results, winner, list(seeds), contenders if len(contenders) > 1 else [winner], rule,
-                 tie_means, n_val, low or high)
+                 tie_means, n_val, low or high, set_aside, failed)
+
+
+def diverged(run: RunDir) -> bool:
+    """Whether a finished run ended no better than it began (step 4): its final validation loss is
+    not finite, or not below its first logged training loss (the mean over its first steps, about
+    the untrained model's loss: a network collapsed to a constant output sits there). False where
+    either is not recorded: a missing run is step 1's business, not a divergence."""
+    summary = _summary(run)
+    final = (summary or {}).get("val_loss")
+    if not isinstance(final, (int, float)) or isinstance(final, bool):
+        return False
+    if not math.isfinite(final):
+        return True
+    first = _first_train_loss(run)
+    return first is not None and final >= first
+
+
+def _first_train_loss(run: RunDir) -> Optional[float]:
+    if not run.metrics.exists():
+        return None
+    with run.metrics.open() as lines:
+        for line in lines:
+            record = json.loads(line)
+            loss = record.get("loss") if record.get("kind") == "train" else None
+            if isinstance(loss, (int, float)) and not isinstance(loss, bool) and math.isfinite(loss):
+                return float(loss)
+    return None
+
+
+def below_a_divergence(settings: list[Setting], failed: dict[Setting, list[int]], keys: tuple[str, ...]) -> list[Setting]:
+    """The settings of a one-key numeric grid over one of `keys` whose next larger point diverged on
+    some tuning seed (step 4); none for any other grid."""
+    if not settings or len(settings[0]) != 1 or settings[0][0][0] not in keys or not all(
+            isinstance(s[0][1], (int, float)) and not isinstance(s[0][1], bool) for s in settings):
+        return []
+    ordered = sorted(settings, key=lambda s: s[0][1])
+    return [s for s, above in zip(ordered, ordered[1:]) if above in failed]
 
 
 def _break_tie(contenders: list[Setting], means: dict[Setting, float], tie_means: dict[Setting, Optional[float]],
                policy: TunePolicy) -> tuple[Setting, str]:
-    """Step 4: the best mean tie metric among the contenders; where it ties or is missing, the best
+    """Step 5: the best mean tie metric among the contenders; where it ties or is missing, the best
     mean selection metric; then grid order (the contenders are in grid order)."""
     pool = contenders
     if policy.tie_metric and all(tie_means.get(s) is not None for s in pool):
