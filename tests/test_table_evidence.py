@@ -240,6 +240,10 @@ def test_a_contender_a_grid_step_below_a_diverged_rate_is_set_aside(tmp_path: Pa
     assert "| r | optim.lr_0.3 | 0.9790 | 2/2 |  | 0.0638 | set aside |" in text
     assert "Set aside by the stability margin" in text and "r (optim.lr_0.3)" in text
     assert "r optim.lr_0.9 (seeds 0, 100)" in text
+    from engine.tables.render import gather
+
+    rec = next(r for r in gather(table, tmp_path / "none", {}, {"r": tuned}) if r["label"] == "r")
+    assert (rec["tuned"], rec["tuned_rule"], rec["tuned_set_aside"]) == ("optim.lr_0.1", "stability margin", "optim.lr_0.3")
 
 
 def test_the_margin_never_overrides_a_winner_validation_resolves(tmp_path: Path) -> None:

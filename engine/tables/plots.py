@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from engine.report.metrics import read_metrics
-from engine.tables.config import TableConfig, headline, row_dir
+from engine.tables.config import headline, row_dir
 from engine.tables.measure import is_proportion
 from engine.tables.runs import row_of, variant_of
 from engine.tables.stats import half_width

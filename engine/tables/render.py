@@ -90,6 +90,8 @@ def collect(table: TableConfig, out: Path, status: dict[tuple[str, int], str],
             rec["tuned"] = setting_name(result.winner) if result.winner else "none"
             rec["tuned_within_noise"] = result.within_noise
             rec["tuned_at_edge"] = result.at_edge
+            rec["tuned_rule"] = result.rule
+            rec["tuned_set_aside"] = " ".join(setting_name(s) for s in result.set_aside)
         rec["commits"] = " ".join(sorted({str(s.get("commit") or "unknown")[:7] for s in found}))
         for key, value in row.paper.items():
             rec[f"paper_{key}"] = value
