@@ -56,6 +56,13 @@ def eval_curve(runs: list[list[dict[str, Any]]], key: str = "test_acc") -> list[
     return curve
 
 
+def _suptitle(fig: Any, table: Any, what: str = "", fontsize: float = 10) -> None:
+    """The figure's title, wrapped to the figure's own width (about 13 characters an inch at 10
+    points): a title wrapped to a fixed count ran off both edges of the narrower figures."""
+    chars = max(40, int(fig.get_figwidth() * 130 / fontsize))
+    fig.suptitle(_title(table, what, width=chars), fontsize=fontsize)
+
+
 def _title(table: Any, what: str = "", width: int = 80) -> str:
     """The table's title (and what the figure shows), wrapped so it fits the figure."""
     text = table.title or table.name
@@ -181,7 +188,7 @@ def _accuracy_figure(plt: Any, table: Any, metrics: dict[str, list[list[dict[str
         if n == 0 and by_step.get_legend_handles_labels()[0]:  # (one legend: the rows are the same below)
             by_bytes.legend(*by_step.get_legend_handles_labels(), fontsize=7, loc="upper left",
                             bbox_to_anchor=(1.02, 1.0), ncol=1 + len(names) // 30)
-    fig.suptitle(_title(table, width=140))
+    _suptitle(fig, table)
     fig.tight_layout()
     return fig
 
@@ -224,7 +231,7 @@ def _intervals_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> An
             ax.set_xlim(-0.02, 1.02)
         ax.title.set_fontsize(9)
         ax.grid(axis="x", lw=0.3)
-    fig.suptitle(_title(table, width=140), fontsize=10)
+    _suptitle(fig, table)
     fig.tight_layout()
     return fig
 
@@ -295,7 +302,7 @@ def _differences_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> 
                      f"green/red = resolved better/worse")
         ax.title.set_fontsize(9)
         ax.grid(axis="x", lw=0.3)
-    fig.suptitle(_title(table, width=140), fontsize=10)
+    _suptitle(fig, table)
     fig.tight_layout()
     return fig
 
@@ -367,7 +374,7 @@ def _workers_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> Any:
             ax.grid(lw=0.3)
     if handles:
         fig.legend(list(handles.values()), list(handles), loc="outside right center", fontsize=8)
-    fig.suptitle(_title(table, f"{_label(metric)} and bytes against workers", width=140), fontsize=10)
+    _suptitle(fig, table, f"{_label(metric)} and bytes against workers")
     return fig
 
 
