@@ -236,6 +236,11 @@ def test_a_contender_a_grid_step_below_a_diverged_rate_is_set_aside(tmp_path: Pa
     plain = choose(tmp_path, "r", grid, [0, 100], "val_acc", TunePolicy(stability_keys=()))
     assert plain.winner == (("optim.lr", 0.3),) and plain.rule == "val_loss" and not plain.set_aside
     table = load_table(_table([{"label": "r", "tune": grid}], baseline="r", tune_seeds=[0, 100]))
+    from engine.drivers.table_runner import chosen
+
+    assert chosen(table, tmp_path)["r"].winner == (("optim.lr", 0.1),)  # the table's own policy
+    off = load_table(_table([{"label": "r", "tune": grid}], baseline="r", tune_seeds=[0, 100], tune_stability_keys=[]))
+    assert chosen(off, tmp_path)["r"].winner == (("optim.lr", 0.3),)
     text = "\n".join(_tuning_lines(table, {"r": tuned}, []))
     assert "| r | optim.lr_0.3 | 0.9790 | 2/2 |  | 0.0638 | set aside |" in text
     assert "Set aside by the stability margin" in text and "r (optim.lr_0.3)" in text
