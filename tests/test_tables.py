@@ -4,6 +4,8 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -254,3 +256,32 @@ def test_head_to_head_quick_form_runs_end_to_end(cli_env: dict, tmp_path: Path) 
     assert all((out / f"{plot}.png").is_file() for plot in ("intervals", "pareto", "accuracy"))
     jobs = [json.loads(line) for line in (out / "jobs.jsonl").read_text().splitlines()]
     assert len(jobs) == 4 and all(len(j["load_before"]) == 3 and j["status"] == "done" for j in jobs), jobs
+
+
+def test_a_long_table_says_how_long_it_has_left(tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
+    """Three jobs, the first already complete: after each run the runner prints the runs left in
+    the phase and the time they take at the mean so far (a table here runs for a day)."""
+    from core.provenance import CodeVersion
+    from core.rundir import RunDir
+    from engine.drivers import table_runner as runner
+
+    clean = CodeVersion("a" * 40, False, ())
+    monkeypatch.setattr(runner, "code_version", lambda ignore=(): clean)
+    runs = [RunDir(tmp_path / f"job{i}") for i in range(3)]
+    runs[0].root.mkdir(parents=True)
+    runs[0].summary.write_text("{}")
+    seconds = iter([600.0, 1200.0])
+
+    def run_row(args: list[str], run_dir: Any, timeout: Any) -> tuple[str, float]:
+        run_dir.root.mkdir(parents=True)
+        run_dir.summary.write_text("{}")
+        return "done", next(seconds)
+
+    monkeypatch.setattr(runner, "run_row", run_row)
+    status = runner._run_jobs(SimpleNamespace(row_timeout_s=None), [(f"job{i}", [], r) for i, r in enumerate(runs)], "tune")
+    assert status == {"job0": "done", "job1": "done", "job2": "done"}
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("already complete")
+    assert lines[2].endswith("done in 600 s; 1 run left in this phase (tune), about 10 min at its mean so far")
+    assert lines[4].endswith("done in 1200 s")  # nothing left: no estimate
+    assert runner.time_left([3600.0, 7200.0], 4, "rows") == "; 4 runs left in this phase (rows), about 6.0 h at its mean so far"
