@@ -239,7 +239,8 @@ def test_a_contender_a_grid_step_below_a_diverged_rate_is_set_aside(tmp_path: Pa
     from engine.drivers.table_runner import chosen
 
     assert chosen(table, tmp_path)["r"].winner == (("optim.lr", 0.1),)  # the table's own policy
-    off = load_table(_table([{"label": "r", "tune": grid}], baseline="r", tune_seeds=[0, 100], tune_stability_keys=[]))
+    off = load_table(_table([{"label": "r", "tune": grid}], baseline="r", tune_seeds=[0, 100],
+                            tune_stability_keys=[]))
     assert chosen(off, tmp_path)["r"].winner == (("optim.lr", 0.3),)
     text = "\n".join(_tuning_lines(table, {"r": tuned}, []))
     assert "| r | optim.lr_0.3 | 0.9790 | 2/2 |  | 0.0638 | set aside |" in text
@@ -248,7 +249,8 @@ def test_a_contender_a_grid_step_below_a_diverged_rate_is_set_aside(tmp_path: Pa
     from engine.tables.render import gather
 
     rec = next(r for r in gather(table, tmp_path / "none", {}, {"r": tuned}) if r["label"] == "r")
-    assert (rec["tuned"], rec["tuned_rule"], rec["tuned_set_aside"]) == ("optim.lr_0.1", "stability margin", "optim.lr_0.3")
+    assert (rec["tuned"], rec["tuned_rule"], rec["tuned_set_aside"]) == (
+        "optim.lr_0.1", "stability margin", "optim.lr_0.3")
 
 
 def test_the_margin_never_overrides_a_winner_validation_resolves(tmp_path: Path) -> None:

@@ -284,4 +284,5 @@ def test_a_long_table_says_how_long_it_has_left(tmp_path: Path, monkeypatch: Any
     assert lines[0].endswith("already complete")
     assert lines[2].endswith("done in 600 s; 1 run left in this phase (tune), about 10 min at its mean so far")
     assert lines[4].endswith("done in 1200 s")  # nothing left: no estimate
-    assert runner.time_left([3600.0, 7200.0], 4, "rows") == "; 4 runs left in this phase (rows), about 6.0 h at its mean so far"
+    assert (runner.time_left([3600.0, 7200.0], 4, "rows")
+            == "; 4 runs left in this phase (rows), about 6.0 h at its mean so far")

@@ -212,7 +212,8 @@ def _tuning_lines(table: TableConfig, tuned: dict[str, Tuned], failed: list[str]
     if noisy:
         lines += ["", f"Chosen within noise (validation does not tell the contenders apart; the choice rests on "
                       f"the rule named): {', '.join(noisy)}."]
-    aside = [f"{label} ({', '.join(setting_name(s) for s in r.set_aside)})" for label, r in tuned.items() if r.set_aside]
+    aside = [f"{label} ({', '.join(setting_name(s) for s in r.set_aside)})"
+             for label, r in tuned.items() if r.set_aside]
     if aside:
         lines += ["", f"Set aside by the stability margin (a contender that diverged on a tuning seed, or a grid "
                       f"step below a setting that did): {', '.join(aside)}."]
@@ -233,7 +234,8 @@ def _tuning_lines(table: TableConfig, tuned: dict[str, Tuned], failed: list[str]
 def _margin_text(table: TableConfig) -> str:
     keys = table.tune_stability_keys
     beyond = f", or whose next larger {' / '.join(keys)} did," if keys else ""
-    return f"among the contenders, one that diverged on a tuning seed{beyond} is set aside unless all would be (the stability margin); "
+    return (f"among the contenders, one that diverged on a tuning seed{beyond} is set aside unless all would "
+            f"be (the stability margin); ")
 
 
 def _contender_cell(result: Tuned, setting: Any) -> str:

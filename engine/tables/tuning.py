@@ -24,15 +24,15 @@ use the setting chosen:
    seeds a diverged run can leave its mean within noise of the best); then, along a grid key where
    a larger value is less stable (`table.tune_stability_keys`, default the learning rate), so is
    a contender whose next larger grid point diverged on any tuning seed; each unless it would set
-   aside every contender left. A run has
-   diverged when its final validation loss is not finite or no lower than its first logged
-   training loss (about the untrained model's: it ended no better than it began). Why: the largest
-   stable rate moves from seed to seed, and a handful of tuning seeds cannot see a rate that
-   diverges on one seed in eight; when validation cannot tell the contenders apart, the one a grid
-   step further from a rate seen to fail is the safer choice. It never overrides a winner that
-   validation resolves. (Found by docs/results/head_to_head_mnist1d_iid_pair, where allreduce's
-   0.3, tied with 0.1 and a step below 0.9, which diverged on both tuning seeds, was chosen by a
-   validation loss 0.0002 lower and then diverged on one reported seed of eight.)
+   aside every contender left. A run has diverged when its final validation loss is not finite or
+   no lower than its first logged training loss (about the untrained model's: it ended no better
+   than it began). Why: the largest stable rate moves from seed to seed, and a handful of tuning
+   seeds cannot see a rate that diverges on one seed in eight; when validation cannot tell the
+   contenders apart, the one a grid step further from a rate seen to fail is the safer choice. It
+   never overrides a winner that validation resolves. (Found by
+   docs/results/head_to_head_mnist1d_iid_pair, where allreduce's 0.3, tied with 0.1 and a step
+   below 0.9, which diverged on both tuning seeds, was chosen by a validation loss 0.0002 lower
+   and then diverged on one reported seed of eight.)
 5. Among the contenders that remain, the best mean of `table.tie_metric` (validation loss by
    default: a finer measure of the same models than the count of images they get right) wins;
    where that ties too or is missing, the best mean of the selection metric, then grid order.
@@ -116,8 +116,9 @@ class Tuned:
     tie_means: dict[Setting, Optional[float]] = field(default_factory=dict)
     val_examples: Optional[int] = None  # the validation set's size the noise was judged on
     at_edge: bool = False  # a one-key numeric grid whose winner, or a setting tied with the best, is at an edge
-    set_aside: list[Setting] = field(default_factory=list)  # contenders diverged, or a grid step below a diverged setting
-    diverged: dict[Setting, list[int]] = field(default_factory=dict)  # the tuning seeds each setting diverged on
+    # contenders step 4 set aside: diverged, or a grid step below a setting that did
+    set_aside: list[Setting] = field(default_factory=list)
+    diverged: dict[Setting, list[int]] = field(default_factory=dict)  # the tuning seeds each diverged on
 
     @property
     def within_noise(self) -> bool:
@@ -245,7 +246,8 @@ def _first_train_loss(run: RunDir) -> Optional[float]:
     return None
 
 
-def below_a_divergence(settings: list[Setting], failed: dict[Setting, list[int]], keys: tuple[str, ...]) -> list[Setting]:
+def below_a_divergence(settings: list[Setting], failed: dict[Setting, list[int]],
+                       keys: tuple[str, ...]) -> list[Setting]:
     """The settings of a one-key numeric grid over one of `keys` whose next larger point diverged on
     some tuning seed (step 4); none for any other grid."""
     if not settings or len(settings[0]) != 1 or settings[0][0][0] not in keys or not all(
