@@ -274,6 +274,37 @@ def test_the_margin_never_overrides_a_winner_validation_resolves(tmp_path: Path)
     assert tuned.winner == (("optim.lr", 0.1),) and tuned.rule == "stability margin"
 
 
+def test_a_loss_tuned_on_one_seed_has_contenders_within_its_stated_resolution(tmp_path: Path) -> None:
+    """The LM table's case: validation loss on one seed has neither a floor nor a spread, so
+    without a stated resolution 0.003 nats decide as surely as 0.3. With tune_resolution 0.0125
+    the two rates 0.003 apart are contenders: the grid runs again on the tie seed, and table.md
+    says what made them contenders."""
+    from engine.drivers.table_runner import chosen, tuning_jobs
+    from engine.tables.config import load_table
+    from engine.tables.render import _tuning_lines
+    from engine.tables.tuning import tune_dir
+
+    grid = {"optim.lr": [3e-4, 1e-3, 3e-3]}
+    loss = {3e-4: 1.95, 1e-3: 1.903, 3e-3: 1.900}
+    for lr, v in loss.items():
+        _write_run(tune_dir(tmp_path, "r", (("optim.lr", lr),), 0), {"val_loss": v})
+    rows = [{"label": "r", "tune": grid}]
+    common = dict(baseline="r", tune_seeds=[0], tune_tie_seeds=[100], select_metric="val_loss",
+                  compare_metric="test_loss")
+    plain = load_table(_table(rows, **common))
+    assert not chosen(plain, tmp_path)["r"].within_noise
+    assert all("seed 100" not in name for name, _, _ in tuning_jobs(plain, tmp_path))
+    stated = load_table(_table(rows, tune_resolution=0.0125, **common))
+    assert {f"r optim.lr_{lr} seed 100" for lr in grid["optim.lr"]} <= {n for n, _, _ in tuning_jobs(stated, tmp_path)}
+    for lr, v in loss.items():
+        _write_run(tune_dir(tmp_path, "r", (("optim.lr", lr),), 100), {"val_loss": v + 0.001})
+    result = chosen(stated, tmp_path)["r"]
+    assert result.seeds == [0, 100] and result.within_noise
+    assert set(result.contenders) == {(("optim.lr", 1e-3),), (("optim.lr", 3e-3),)}
+    assert "or whose mean is within table.tune_resolution = 0.0125 of the best," in "\n".join(
+        _tuning_lines(stated, {"r": result}, []))
+
+
 def test_a_run_has_diverged_when_it_ends_no_better_than_it_began(tmp_path: Path) -> None:
     from engine.tables.tuning import diverged, tune_dir
 

@@ -136,6 +136,10 @@ class TableConfig(Section):
     # cannot tell apart, one whose next larger grid point diverged on a tuning seed is set aside, as
     # is one that diverged itself (engine/tables/tuning.py, step 4; [] keeps only the latter)
     tune_stability_keys: list[str] = field(default_factory=lambda: ["optim.lr"])
+    # for a selection metric without a floor (a loss, not an accuracy): the difference of means
+    # validation cannot resolve, so that settings within it of the best are contenders (get the tie
+    # seed, the margin, the tie rule); null: on one seed only an exact tie is (engine/tables/tuning.py)
+    tune_resolution: Optional[float] = option(None, gt=0)
     # the number of examples of the test and validation sets, for runs that do not record it
     # (summary.json `test_samples`, `data_split.val_samples`): the floor under accuracy intervals
     test_examples: Optional[int] = option(None, gt=0)

@@ -187,7 +187,8 @@ def _tuning_lines(table: TableConfig, tuned: dict[str, Tuned], failed: list[str]
              f"{first.metric} (validation) was then run on seeds {table.seeds}, whose test "
              f"results are above. Test accuracy chose nothing. Settings whose validation results are not "
              f"told apart from the best (the interval of their paired difference, floored by the validation "
-             f"set's size, includes 0) are contenders; a one-seed grid with several contenders ran again on "
+             f"set's size, includes 0){_resolution_text(table, first.metric)} are contenders; a one-seed grid with "
+             f"several contenders ran again on "
              f"tuning seed(s) {tie_seeds(table)}; {_margin_text(table)}"
              f"the contenders left are decided by the best mean {table.tie_metric}, then the best mean "
              f"{first.metric}, then grid order (engine/tables/tuning.py).", "",
@@ -229,6 +230,12 @@ def _tuning_lines(table: TableConfig, tuned: dict[str, Tuned], failed: list[str]
     if failed:
         lines += ["", f"Tuning runs that did not complete (no mean, cannot be chosen): {', '.join(failed)}."]
     return lines + [""]
+
+
+def _resolution_text(table: TableConfig, metric: str) -> str:
+    if table.tune_resolution is None or is_proportion(metric):
+        return ""
+    return f", or whose mean is within table.tune_resolution = {table.tune_resolution:g} of the best,"
 
 
 def _margin_text(table: TableConfig) -> str:

@@ -16,7 +16,9 @@ use the setting chosen:
    resolved by the interval of a paired difference (engine/tables/stats.py) over the tuning seeds,
    with the floor of the validation set for an accuracy (N examples from the runs'
    `data_split.val_samples`): on 144 validation images and one seed, settings fewer than 6 images
-   apart are contenders. Without a floor (a loss) and with one seed, only an exact tie is.
+   apart are contenders. A metric without a floor (a loss) may be given a stated resolution
+   (`table.tune_resolution`, e.g. from a pilot's spread over seeds): settings whose mean is within
+   it of the best are contenders too. Without either and with one seed, only an exact tie is.
 3. A grid tuned on ONE seed whose contenders are more than one runs again, whole, on
    `table.tune_tie_seeds` (default: one seed used nowhere else), and steps 1-2 are taken again on
    the means over both seeds.
@@ -99,6 +101,7 @@ class TunePolicy:
     tie_seeds: tuple[int, ...] = ()
     level: float = LEVEL
     stability_keys: tuple[str, ...] = ("optim.lr",)
+    resolution: Optional[float] = None  # a loss's difference validation cannot resolve (step 2)
 
 
 @dataclass
@@ -142,13 +145,15 @@ def _val_examples(summary: Optional[dict[str, Any]]) -> Optional[int]:
     return int(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
-def within_noise(a: dict[int, float], b: dict[int, float], n_examples: Optional[int], level: float = LEVEL) -> bool:
-    """Whether two settings' values by seed (the same seeds) are not told apart: the interval of
-    their paired difference, its floor from n validation examples (accuracies only: None
-    otherwise), includes 0. One seed without a floor: only an exact tie."""
+def within_noise(a: dict[int, float], b: dict[int, float], n_examples: Optional[int], level: float = LEVEL,
+                 resolution: Optional[float] = None) -> bool:
+    """Whether two settings' values by seed (the same seeds) are not told apart: their mean
+    difference is at most `resolution` (a stated one, for a metric without a floor), or the
+    interval of their paired difference, its floor from n validation examples (accuracies only:
+    None otherwise), includes 0. One seed without a floor or a resolution: only an exact tie."""
     diffs = [a[s] - b[s] for s in sorted(a)]
     mean = statistics.fmean(diffs)
-    if mean == 0:
+    if mean == 0 or (resolution is not None and abs(mean) <= resolution):
         return True
     k = len(diffs)
     se_seed = statistics.stdev(diffs) / math.sqrt(k) if k > 1 else 0.0
@@ -201,7 +206,8 @@ def choose(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[int], 
     best_mean = _best(list(means.values()), policy.better)
     first_best = next(s for s in settings if means.get(s) == best_mean)
     contenders = [s for s in settings if s in means
-                  and within_noise(by_setting[first_best], by_setting[s], n_floor, policy.level)]
+                  and within_noise(by_setting[first_best], by_setting[s], n_floor, policy.level,
+                                   None if is_proportion(metric) else policy.resolution)]
     tie_means = {s: statistics.fmean(ties[s].values()) if len(ties.get(s, {})) == len(seeds) else None
                  for s in settings}
     failed = {s: [seed for seed in seeds if diverged(tune_dir(out, label, s, seed))] for s in settings}
