@@ -133,8 +133,7 @@ def _summary(run: RunDir) -> Optional[dict[str, Any]]:
     return json.loads(run.summary.read_text()) if run.summary.exists() else None
 
 
-def _metric(run: RunDir, metric: str) -> Optional[float]:
-    summary = _summary(run)
+def _value(summary: Optional[dict[str, Any]], metric: str) -> Optional[float]:
     value = summary.get(metric) if summary else None
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
@@ -165,13 +164,19 @@ def _best(values: list[float], better: Better) -> float:
     return max(values) if better == Better.higher else min(values)
 
 
+def _numeric_values(settings: list[Setting]) -> Optional[list[float]]:
+    """The values of a one-key numeric grid of two or more settings (None for any other grid)."""
+    if len(settings) < 2 or len(settings[0]) != 1:
+        return None
+    values = [s[0][1] for s in settings]
+    return values if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values) else None
+
+
 def _edge_flags(settings: list[Setting], candidates: list[Setting]) -> tuple[bool, bool]:
     """(low, high): whether any of `candidates` is the smallest or largest value of a one-key
     numeric grid (False, False for any other grid)."""
-    if not settings or len(settings[0]) != 1:
-        return False, False
-    values = [s[0][1] for s in settings]
-    if len(values) < 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+    values = _numeric_values(settings)
+    if values is None:
         return False, False
     chosen = {c[0][1] for c in candidates}
     return min(values) in chosen, max(values) in chosen
@@ -187,13 +192,17 @@ def choose(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[int], 
     ties: dict[Setting, dict[int, float]] = {}
     sizes: list[int] = []
     results: list[tuple[Setting, Optional[float], int]] = []
+    failed: dict[Setting, list[int]] = {}  # the tuning seeds each setting diverged on (step 4)
     for setting in settings:
         runs = {s: tune_dir(out, label, setting, s) for s in seeds}
-        values = {s: v for s, v in ((s, _metric(r, metric)) for s, r in runs.items()) if v is not None}
+        summaries = {s: _summary(r) for s, r in runs.items()}  # each read once
+        values = {s: v for s, v in ((s, _value(d, metric)) for s, d in summaries.items()) if v is not None}
         if policy.tie_metric:
-            ties[setting] = {s: v for s, v in ((s, _metric(r, policy.tie_metric)) for s, r in runs.items())
+            ties[setting] = {s: v for s, v in ((s, _value(d, policy.tie_metric)) for s, d in summaries.items())
                              if v is not None}
-        sizes += [n for n in (_val_examples(_summary(r)) for r in runs.values()) if n]
+        sizes += [n for n in map(_val_examples, summaries.values()) if n]
+        if bad := [s for s, r in runs.items() if diverged(r, summaries[s])]:
+            failed[setting] = bad
         complete = len(values) == len(seeds)
         if complete:
             by_setting[setting] = values
@@ -210,8 +219,6 @@ def choose(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[int], 
                                    None if is_proportion(metric) else policy.resolution)]
     tie_means = {s: statistics.fmean(ties[s].values()) if len(ties.get(s, {})) == len(seeds) else None
                  for s in settings}
-    failed = {s: [seed for seed in seeds if diverged(tune_dir(out, label, s, seed))] for s in settings}
-    failed = {s: bad for s, bad in failed.items() if bad}
     winner, rule, set_aside = first_best, "best mean", []
     if len(contenders) > 1:
         pool = [s for s in contenders if s not in failed] or contenders
@@ -225,14 +232,14 @@ def choose(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[int], 
                  tie_means, n_val, low or high, set_aside, failed)
 
 
-def diverged(run: RunDir) -> bool:
+def diverged(run: RunDir, summary: Optional[dict[str, Any]] = None) -> bool:
     """Whether a finished run ended no better than it began (step 4): its final validation loss is
     not finite, or not below its first logged training loss (the mean over its first steps, about
     the untrained model's loss: a network collapsed to a constant output sits there). False where
-    either is not recorded: a missing run is step 1's business, not a divergence."""
-    summary = _summary(run)
-    final = (summary or {}).get("val_loss")
-    if not isinstance(final, (int, float)) or isinstance(final, bool):
+    either is not recorded: a missing run is step 1's business, not a divergence. `summary`: the
+    run's summary.json where the caller has read it already."""
+    final = _value(summary if summary is not None else _summary(run), "val_loss")
+    if final is None:
         return False
     if not math.isfinite(final):
         return True
@@ -256,8 +263,7 @@ def below_a_divergence(settings: list[Setting], failed: dict[Setting, list[int]]
                        keys: tuple[str, ...]) -> list[Setting]:
     """The settings of a one-key numeric grid over one of `keys` whose next larger point diverged on
     some tuning seed (step 4); none for any other grid."""
-    if not settings or len(settings[0]) != 1 or settings[0][0][0] not in keys or not all(
-            isinstance(s[0][1], (int, float)) and not isinstance(s[0][1], bool) for s in settings):
+    if _numeric_values(settings) is None or settings[0][0][0] not in keys:
         return []
     ordered = sorted(settings, key=lambda s: s[0][1])
     return [s for s, above in zip(ordered, ordered[1:]) if above in failed]
