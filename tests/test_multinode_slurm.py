@@ -86,6 +86,19 @@ def test_sbatch_job_requeues_at_time_limit_warning_and_resumes(cluster: SlurmClu
     assert f"resuming from {run_dir}/checkpoints/step_{summary['resumed_from']:08d}" in text
 
 
+def submitted_jobs(sweep: Path) -> list[str]:
+    """SLURM job ids submitit has filed under the sweep: its folders named by the id alone.
+
+    submitit first writes its pickled submission under a random hex name, which can begin with a
+    digit (CI once took '802de3...pkl' for a job id), so only a folder named like a job id counts:
+    digits, with an array task's '_index' where the sweep was submitted as an array.
+    """
+    folder = sweep / ".submitit"
+    if not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir() if p.is_dir() and re.fullmatch(r"\d+(_\d+)?", p.name))
+
+
 def test_submitit_sweep_runs_on_slurm_and_resumes_after_preemption(cluster: SlurmCluster, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     env = {k: v for k, v in cluster.env.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
@@ -94,10 +107,10 @@ def test_submitit_sweep_runs_on_slurm_and_resumes_after_preemption(cluster: Slur
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
-        while not list((sweep / ".submitit").glob("[0-9]*")):
+        while not (jobs := submitted_jobs(sweep)):
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
             time.sleep(0.5)
-        job = next((sweep / ".submitit").glob("[0-9]*")).name
+        job = jobs[0]
         wait_for_ranks(sweep / "0", cluster, job)
         assert cluster.run("scancel", "--signal=USR2", job).returncode == 0
         out, _ = proc.communicate(timeout=500)
