@@ -12,6 +12,9 @@ figures issue 24 asks for, each measured on real cli.py runs, as a user launches
   over the wall-clock between them (the lines' arrival in metrics.jsonl, polled every 5 ms);
   the MFU summary.json reports, with the FLOPs per sample and the peak it was computed from,
   for a check by hand.
+- `lm_shared`: the character-level GPT at nanoGPT's GPU size (`recipe=lm/shakespeare_gpu`,
+  bf16) with DiLoCo on 8 ranks sharing the one GPU, `--lm-steps` steps: completes, says the
+  shared-GPU line once, and its validation loss and tokens/s.
 - `workers`: a run with 14 torchvision loader workers: seconds from summary.json's writing to
   the process's exit.
 - `compile`: `train.compile=true` against eager on the same run (evaluation every epoch):
@@ -67,6 +70,22 @@ def shared(args: argparse.Namespace) -> dict[str, Any]:
         out[algo] = {"ok": ok, "exit": proc.returncode, "shared_lines": len(lines), "steps": s.get("steps"),
                      "test_acc": s.get("test_acc"), "wall_s": round(time.perf_counter() - t0, 1)}
         print(f"shared {algo}: {out[algo]}" + ("" if ok else f"\n{tail(proc)}"), flush=True)
+    return out
+
+
+def lm_shared(args: argparse.Namespace) -> dict[str, Any]:
+    run_dir = Path(args.dir) / "runs" / "lm_shared_diloco"
+    t0 = time.perf_counter()
+    proc = cli(["recipe=lm/shakespeare_gpu", "algo=diloco", "launch.nproc=8", "dist.device=auto",
+                f"train.max_steps={args.lm_steps}", f"train.eval_every_steps={args.lm_steps}",
+                "checkpoint.every_steps=null", "data.eval_windows=64"], run_dir)
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "share 1 GPU(s)" in ln]
+    s = summary_of(run_dir) if (run_dir / "summary.json").exists() else {}
+    ok = proc.returncode == 0 and bool(s) and len(lines) == 1
+    out = {"ok": ok, "exit": proc.returncode, "shared_lines": len(lines), "steps": s.get("steps"),
+           "val_loss": s.get("val_loss"), "test_loss": s.get("test_loss"), "samples_per_s": s.get("samples_per_s"),
+           "wall_s": round(time.perf_counter() - t0, 1)}
+    print(f"lm_shared diloco: {out}" + ("" if ok else f"\n{tail(proc)}"), flush=True)
     return out
 
 
@@ -170,7 +189,7 @@ def compile_check(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-CHECKS = {"shared": shared, "wall": wall, "workers": workers, "compile": compile_check}
+CHECKS = {"shared": shared, "lm_shared": lm_shared, "wall": wall, "workers": workers, "compile": compile_check}
 
 
 def main() -> None:
@@ -180,6 +199,7 @@ def main() -> None:
     p.add_argument("--train-images", type=int, default=50000)
     p.add_argument("--epochs", type=int, default=10, help="of the `wall` run")
     p.add_argument("--compile-epochs", type=int, default=3, help="of each `compile` run (evaluated every epoch)")
+    p.add_argument("--lm-steps", type=int, default=300, help="of the `lm_shared` run")
     p.add_argument("--dir", default="/tmp/syncopt_gpu_checks")
     args = p.parse_args()
     import torch

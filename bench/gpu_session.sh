@@ -14,6 +14,11 @@
 #   bench/gpu_session.sh suite SECONDS  the whole suite on 8 xdist workers (-v; each test limited to 300 s), cut at
 #                                       SECONDS; the node ids that failed in $OUT/suite_failed.txt
 #   bench/gpu_session.sh rerun SECONDS  those node ids again, serially, to tell load-caused failures from GPU-caused
+#   bench/gpu_session.sh round SECONDS  the third session's one call (issue 36), cut at SECONDS: install; on the
+#                                       quiet machine ResNet-18's device pipeline against its ceiling and the GPT's
+#                                       runner against a bare loop (bf16, compiled); then the suite without the
+#                                       GPU tests on 10 xdist workers in the background while the foreground runs
+#                                       DiLoCo's GPT on 8 ranks sharing the GPU and the GPU tests; logs in $OUT
 #   bench/gpu_session.sh shard K N      shard K of N of the test files (by size, round robin) on 12 xdist workers,
 #                                       each test limited to 300 s; names of failures and errors in $OUT/shard_K.log
 #
@@ -66,6 +71,26 @@ case "${1:-}" in
     (cd "$SUITE" && setsid nohup bash -c 'python3 -m pytest -p no:cacheprovider -q -rfEs --durations=15 \
         >/root/suite.log 2>&1; echo $? >/root/suite.rc' >/dev/null 2>&1 &)
     sleep 20; tail -3 /root/suite.log ;;
+  round)
+    limit=${2:?seconds}; t0=$SECONDS
+    left() { echo $(( limit - (SECONDS - t0) - ${1:-0} )); }
+    install_site || exit 1
+    timeout 150 python3 bench/throughput.py --model resnet18 --batch 512 --pipelines device --train-images 50000 \
+      --workers 8 --warmup 10 --steps 60 --log-every 10 2>&1 | tee "$OUT/throughput_cifar.log" | tail -4
+    timeout 170 python3 bench/task_throughput.py --tasks lm --device cuda --lm-recipe lm/shakespeare_gpu --compile \
+      --rounds 1 --warmup 20 --steps 100 --log-every 20 2>&1 | tee "$OUT/lm_throughput.log" | tail -5
+    echo "measured by $((SECONDS - t0)) s"
+    (timeout --signal=INT "$(left 10)" python3 -m pytest -p no:cacheprovider -v -rfEs -n 10 --timeout 240 \
+       -m "not gpu" tests > "$OUT/suite.log" 2>&1 &)
+    timeout "$(left 20)" python3 bench/gpu_checks.py --only lm_shared 2>&1 | tee "$OUT/lm_shared.log" | tail -2
+    timeout --signal=INT "$(left 15)" python3 -m pytest -p no:cacheprovider -v -rfEs -n 3 --timeout 400 -m gpu \
+      tests/test_gpu.py tests/test_prefetch.py > "$OUT/gpu_tests.log" 2>&1
+    grep -E "(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/gpu_tests.log" | tail -25
+    while pgrep -f "pytest.*not gpu" >/dev/null && (( $(left 8) > 0 )); do sleep 2; done; sleep 3
+    grep -E "(passed|failed).* in [0-9.]+s" "$OUT/suite.log" | tail -1
+    echo "suite: $(grep -c " PASSED" "$OUT/suite.log") passed, $(grep -c " SKIPPED" "$OUT/suite.log") skipped"
+    grep -oE "(FAILED|ERROR) tests/[^ ]+" "$OUT/suite.log" | awk '{print $2}' | sort -u | tee "$OUT/suite_failed.txt" | head -40
+    cp "$OUT/suite_failed.txt" /root/ ;;
   piece) piece ;;
   checks)
     piece

