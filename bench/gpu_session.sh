@@ -30,6 +30,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT" /root/dali
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH  # (torchft_lighthouse: pip --target puts scripts there)
+export SYNCOPT_TESTS_WITHOUT_SYSTEM_PACKAGES=1  # no Debian registry there: SLURM, iproute2, ssh tests skip, naming it
 SUITE=/root/suite_repo
 
 piece() {

@@ -68,9 +68,14 @@ def run_config(recipe: str, args: argparse.Namespace, *more: str) -> Any:
     GlobalHydra.instance().clear()
     overrides = [f"recipe={recipe}", "launch.launcher=none", "launch.nproc=1", f"dist.device={args.device}",
                  f"train.precision={args.precision}", f"train.compile={str(args.compile).lower()}",
-                 *([f"train.batch_size={args.batch}"] if args.batch else []), *more]
+                 *([f"train.batch_size={args.batch}", "train.global_batch_size=null"] if args.batch else []), *more]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return load_run_config(compose(config_name="config", overrides=overrides))
+
+
+def rank_batch(cfg: Any) -> int:
+    """The one rank's batch: a recipe's global batch (lm/shakespeare_gpu: 64) is all of it here."""
+    return int(cfg.train.global_batch_size or cfg.train.batch_size)
 
 
 def units_per_sample(cfg: Any) -> int:
@@ -83,7 +88,7 @@ def bare(cfg: Any, args: argparse.Namespace) -> list[float]:
     `--log-every` steps after the warm-up (as the runner's log windows)."""
     spec = data_spec(cfg.data)
     task = task_for(spec)
-    streams = build_streams(cfg.data, DataRequest(batch_size=cfg.train.batch_size, eval_batch_size=8, seed=cfg.seed,
+    streams = build_streams(cfg.data, DataRequest(batch_size=rank_batch(cfg), eval_batch_size=8, seed=cfg.seed,
                                                   shard=0, num_shards=1, eval_shard=0, eval_num_shards=1))
     device = torch.device(args.device)
     x, y = (t.to(device) for t in next(iter(streams.train.batches(0, 0))))
@@ -159,7 +164,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
     ratios = [rate(r) / ((rate(a) + rate(b)) / 2) for r, a, b in zip(runs, bares, bares[1:])]
     # the fastest windows of each side: what either reaches when the shared machine lets it
     best = max(w for r in runs for w in r) / max(w for b in bares for w in b)
-    return {"recipe": recipe, "unit": unit, "batch": cfg.train.batch_size, "per_sample": per,
+    return {"recipe": recipe, "unit": unit, "batch": rank_batch(cfg), "per_sample": per,
             "bare": [rate(b) * per for b in bares], "runner": [rate(r) * per for r in runs], "ratios": ratios,
             "best_ratio": best, "best_runner": max(w for r in runs for w in r) * per,
             "best_bare": max(w for b in bares for w in b) * per, "flops_per_unit": flops_per_unit(cfg)}

@@ -10,13 +10,14 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from core.run_files import read_step
-from engine.drivers.fork_ranks import check_fork_safe
+from engine.drivers.fork_ranks import _cause as job_exit_code, check_fork_safe
 from engine.launch.commands import forked_rank_env
 from engine.launch.procs import alive
 from tests.support.cli_runs import REPO, error_line, run_cli, start_cli
@@ -152,6 +153,30 @@ def test_a_killed_forked_rank_is_named_with_its_log(cli_env: dict, tmp_path: Pat
     assert not any(alive(pid_of(run_dir, r)) for r in range(4)), "the other ranks must be gone with the job"
 
 
+def test_the_leader_exits_with_the_killed_ranks_code_when_a_peer_is_reaped_first() -> None:
+    """A rank killed with -9 makes its peers fail with 'connection reset' at once; when the leader
+    reaps a peer's exit 1 first (a loaded machine), the job's code is still the kill's, -9 (247),
+    as the rank watch names the killed rank; with no signal among the ended, the first code."""
+    def child(code: int) -> int:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(code)
+        return pid
+
+    peer = child(1)
+    killed = os.fork()
+    if killed == 0:
+        signal.pause()
+        os._exit(0)
+    os.kill(killed, signal.SIGKILL)
+    os.waitpid(peer, 0)  # the peer is reaped first, the killed rank is left for `job_exit_code`
+    time.sleep(0.2)
+    assert job_exit_code(1, {killed}) == -9
+    other = child(3)
+    time.sleep(0.2)
+    assert job_exit_code(1, {other}) == 1
+
+
 def test_forked_ranks_do_not_hold_the_run_lock(cli_env: dict, tmp_path: Path) -> None:
     """A busy directory is refused naming the running cli.py; once that cli.py is killed (-9), its
     forked ranks, which go on as launched ones would, do not keep the lock: a new run is refused
@@ -189,7 +214,9 @@ def test_a_forked_rank_has_the_environment_deepspeeds_launcher_gives(tmp_path: P
                       "open(os.path.join(sys.argv[1], 'rank_' + os.environ['RANK'] + '.json'), 'w').write("
                       "json.dumps({k: os.environ.get(k) for k in keys}))\n")
     world = base64.urlsafe_b64encode(json.dumps({"localhost": [0, 1, 2]}).encode()).decode()
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(REPO)}
+    # (the repository before what PYTHONPATH holds: on the GPU machine, the carried packages)
+    env = {**os.environ, "DS_ACCELERATOR": "cpu",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     subprocess.run([sys.executable, "-m", "deepspeed.launcher.launch", f"--world_info={world}",
                     "--master_addr=127.0.0.1", "--master_port=29999", "--no_local_rank", "--log_level=error",
                     str(script), str(tmp_path)], env=env, check=True, timeout=120, capture_output=True)

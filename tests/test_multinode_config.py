@@ -4,6 +4,7 @@ launching process watches and signals ranks (stop requests held until a rank can
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from engine.launch.commands import multi_node_command
 from engine.launch.config import load_launch_config
 from engine.launch.hostfile import node_plan, read_hostfile, select_hosts
 from engine.launch.remote import exported_env, probe_hosts, write_deepspeed_env
+from tests.support.system_packages import require_system_packages
 
 pytestmark = pytest.mark.multinode
 
@@ -191,6 +193,7 @@ def _free_port() -> int:
 
 def test_unreachable_host_is_one_line_before_launch(tmp_path: Path) -> None:
     """Nothing listens on that port of the loopback: ssh is refused, cli.py names the host."""
+    require_system_packages(None if shutil.which("ssh") else "no ssh client (openssh-client) is installed")
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("127.0.0.1 slots=2\n")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -24,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.slurm_cluster import SlurmCluster, slurm_usable
+from tests.support.system_packages import require_system_packages
 
 pytestmark = pytest.mark.multinode
 
@@ -38,10 +38,7 @@ JOB = ["model=small_cnn", "data=digits", f"train.max_steps={STEPS}", "train.prog
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
-    reason = slurm_usable()
-    if reason and os.geteuid() != 0:
-        pytest.skip(reason)
-    assert reason is None, reason  # root but not installed: the README's test command installs it
+    require_system_packages(slurm_usable())  # root but not installed: the README's test command installs it
     made = SlurmCluster(tmp_path_factory.mktemp("slurm"))
     try:
         yield made

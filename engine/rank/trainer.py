@@ -85,7 +85,7 @@ class Trainer:
                                 "scaler": Part(self.local.scaler, before_setup=True),
                                 "algo": Part(self.algo), "comm": Part(self.algo.comm),
                                 "imbalance": Part(self.imbalance), "trainer": Part(self.state),
-                                "rng": Part(RngState(), heals=False)})
+                                "rng": Part(RngState(ctx.is_cuda), heals=False)})
         self.clock = TrainClock(ctx.device, self.state, cfg.train.log_every_steps)
         self.checkpointer = Checkpointer(cfg.checkpoint, plan.run_dir, ctx, cfg.algo.name, plan.resume_keys,
                                          self.saved.capture, self.total_steps, plan.best_metric)

@@ -81,10 +81,13 @@ class ModelState:
 
 
 class RngState:
-    """Every RNG of the process (Python, NumPy, torch, CUDA) as a part."""
+    """Every RNG of the process (Python, NumPy, torch; CUDA's for a rank on a GPU) as a part."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
 
     def state_dict(self) -> dict[str, Any]:
-        return capture_rng()
+        return capture_rng(self.cuda)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        restore_rng(state)
+        restore_rng(state, self.cuda)
