@@ -37,6 +37,31 @@ def inside_launched_rank() -> bool:
     return all(v in os.environ for v in LAUNCHED_VARS)
 
 
+#: the GPUs the user showed cli.py (its CUDA_VISIBLE_DEVICES), for its ranks on this machine.
+#: DeepSpeed's per-node launcher sets CUDA_VISIBLE_DEVICES to its slot ids (0..n-1) for every rank
+#: (deepspeed/launcher/launch.py, through the accelerator's set_visible_devices_envs, the CPU
+#: one's too), so a user's `CUDA_VISIBLE_DEVICES=` (the CPU) or `=2,3` (two chosen GPUs) held for
+#: cli.py and not for its ranks: on an H100 the suite's CPU runs (`CUDA_VISIBLE_DEVICES=` for
+#: cli.py) had ranks that saw the GPU, and fault-tolerant QSR no longer equalled its plain twin.
+USER_VISIBLE_DEVICES_ENV = "SYNCOPT_CUDA_VISIBLE_DEVICES"
+
+
+def user_visible_devices_env() -> dict[str, str]:
+    """What a launch on this machine passes its ranks so that they see the GPUs cli.py sees:
+    nothing where the user set no CUDA_VISIBLE_DEVICES (the launcher's slots then choose)."""
+    if "CUDA_VISIBLE_DEVICES" not in os.environ:
+        return {}
+    return {USER_VISIBLE_DEVICES_ENV: os.environ["CUDA_VISIBLE_DEVICES"]}
+
+
+def apply_user_visible_devices() -> None:
+    """In a rank, before anything touches CUDA (which reads CUDA_VISIBLE_DEVICES once): the
+    user's GPUs replace the launcher's slot list. A rank's device is then its local rank among
+    them (`plan_devices`), as cli.py planned it."""
+    if USER_VISIBLE_DEVICES_ENV in os.environ:
+        os.environ["CUDA_VISIBLE_DEVICES"] = os.environ[USER_VISIBLE_DEVICES_ENV]
+
+
 class Backend(enum.StrEnum):
     auto = "auto"  # NCCL with a GPU per rank, gloo when ranks share GPUs or run on the CPU
     gloo = "gloo"  # CUDA tensors too where the ranks use GPUs

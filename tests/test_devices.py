@@ -3,6 +3,9 @@ the line that announces GPU sharing, and the point-to-point staging plugins use 
 with CUDA tensors (its CPU side here; the CUDA side in the `gpu` tests)."""
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,7 +14,11 @@ import torch
 from core.distenv import DevicePlan, plan_devices, sharing_note
 from core.errors import UserError
 from dist_algos.machinery.p2p import staging_device
+from engine.launch.commands import launcher_command, launcher_env
+from engine.launch.config import load_launch_config
 from tests.support.harness import compose, run_ranks
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("backend,ranks,gpus,local_rank,device,expected", [
@@ -101,3 +108,29 @@ def _staged_exchange(rank: int, world: int) -> list[float]:
 
 def test_staged_point_to_point_lands_in_the_target() -> None:
     assert run_ranks(_staged_exchange, 2, timeout=60) == [[2.0] * 5, [1.0] * 5]
+
+
+@pytest.mark.parametrize("user", ["", "7", None])
+def test_the_ranks_see_the_gpus_the_user_showed_cli_py(user: str | None, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeepSpeed's per-node launcher, run as cli.py runs it (`launcher_env`, `launcher_command`'s
+    world_info), sets every rank's CUDA_VISIBLE_DEVICES to its slot ids; the rank's first act
+    (`apply_user_visible_devices`, engine/rank/entry.py) gives it back the user's: none for the
+    CPU, or the chosen GPUs. Without a user value, the launcher's slots stand."""
+    if user is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", user)
+    script = tmp_path / "record.py"
+    script.write_text("import os, sys\n"
+                      "from core.distenv import apply_user_visible_devices\n"
+                      "apply_user_visible_devices()\n"
+                      "open(os.path.join(sys.argv[1], 'rank_' + os.environ['RANK']), 'w')"
+                      ".write(os.environ['CUDA_VISIBLE_DEVICES'])\n")
+    cfg = load_launch_config(compose(["launch.nproc=2"]).launch)
+    env = {**launcher_env(cfg), "DS_ACCELERATOR": "cpu",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    command = launcher_command(cfg, 29998, [])[:-1]  # DeepSpeed's launcher, without cli.py
+    subprocess.run([*command, str(script), str(tmp_path)], env=env, check=True, timeout=120, capture_output=True)
+    seen = [(tmp_path / f"rank_{r}").read_text() for r in range(2)]
+    assert seen == [user if user is not None else "0,1"] * 2

@@ -26,6 +26,7 @@ from typing import Optional
 
 import torch
 
+from core.distenv import user_visible_devices_env
 from core.rundir import SUPERVISED_ENV, RunDir
 from engine.launch.config import Launcher, LaunchConfig
 
@@ -132,6 +133,7 @@ def launcher_env(cfg: LaunchConfig, ranks_here: Optional[int] = None, cpus: Opti
     if not torch.cuda.is_available():  # else DeepSpeed warns "Setting accelerator to CPU" in every process
         env.setdefault("DS_ACCELERATOR", "cpu")
     env.setdefault("PYTHONPATH", str(REPO))
+    env.update(user_visible_devices_env())  # (the launcher overrides CUDA_VISIBLE_DEVICES: core/distenv.py)
     return env
 
 

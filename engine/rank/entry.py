@@ -19,7 +19,7 @@ from typing import Any, NoReturn, Optional
 import torch
 import torch.distributed as dist
 
-from core.distenv import DistContext, init_distributed, shutdown_distributed
+from core.distenv import DistContext, apply_user_visible_devices, init_distributed, shutdown_distributed
 from core.errors import USER_ERROR_EXIT, UserError
 from core.rundir import SUPERVISED_ENV, USER_ERROR_PREFIX, RunDir
 from engine.config import load_run_config
@@ -59,6 +59,7 @@ def agree_run_dir(run_dir: str) -> str:
 
 def main(raw_cfg: Any, run_dir: str) -> int:
     """Train as this process's rank; returns the exit code."""
+    apply_user_visible_devices()  # before anything touches CUDA
     rank = int(os.environ.get("RANK", "0"))
     rundir = RunDir(Path(run_dir))
     beat: Optional[Heartbeat] = None
