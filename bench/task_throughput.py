@@ -20,15 +20,19 @@ it, so that a change in a shared machine's load touches both sides:
 The recipes are the tasks' defaults (`recipe=lm/shakespeare_cpu`: 3 windows of 64 characters a
 rank, the per-rank batch of its 4-rank run; `recipe=cpu_mnist1d/allreduce`: 32 signals a rank),
 with `--batch` to change the per-rank batch. Both sides are timed in windows of `--log-every`
-steps. On a GPU (`--device cuda`) both run under the runner's precision (`--precision`, bf16 by
-default there) and, with `--compile`, torch.compile's forward; the bare loop synchronises the
-device at its window edges as the runner's clock does, and the table adds each side's model FLOPs
-utilisation (nanoGPT's estimate for the GPT: 6N + 12·layers·width·context FLOPs per token, against
-`--peak-tflops`, the H100 SXM's dense bf16 989 by default). Prints a table and one JSON line with `runner_vs_bare_lm` and `runner_vs_bare_mnist1d`
-(the median over rounds of each runner measurement against the bare ones around it; target >=
-0.9), and `runner_vs_bare_fastest_*`, the fastest runner window against the fastest bare window
-of the whole run: on a machine whose load moves within a measurement (other jobs), the fastest
-windows are the ones least disturbed on either side.
+steps.
+
+On a GPU (`--device cuda`) both sides run under the runner's precision (`--precision`, bf16 by
+default there) and, with `--compile`, torch.compile's forward. The bare loop synchronises the
+device at its window edges, as the runner's clock does. The table adds each side's model FLOPs
+utilisation: nanoGPT's estimate for the GPT (6N + 12·layers·width·context FLOPs per token)
+against `--peak-tflops` (989 by default: the H100 SXM's dense bf16 peak).
+
+Prints a table and one JSON line with `runner_vs_bare_lm` and `runner_vs_bare_mnist1d` (the
+median over rounds of each runner measurement against the bare ones around it; target >= 0.9),
+and `runner_vs_bare_fastest_*`, the fastest runner window against the fastest bare window of the
+whole run: on a machine whose load moves within a measurement (other jobs), the fastest windows
+are the ones least disturbed on either side.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from core.run_files import read_step
-from engine.drivers.fork_ranks import _cause as job_exit_code, check_fork_safe
+from engine.drivers.fork_ranks import check_fork_safe, job_exit_code
 from engine.launch.commands import forked_rank_env
 from engine.launch.procs import alive
 from tests.support.cli_runs import REPO, error_line, run_cli, start_cli

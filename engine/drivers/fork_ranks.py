@@ -174,11 +174,11 @@ def _lead(nproc: int, master_addr: str, port: int, base_env: dict[str, str], bod
             # second after the failed rank; so here, so that the rank watch (polling every 0.2 s)
             # sees the failed rank go first and names it, not a survivor killed with it
             time.sleep(FAILED_RANK_GRACE_S)
-            return end_all(_cause(code, alive)) & 0xFF
+            return end_all(job_exit_code(code, alive)) & 0xFF
     return 0
 
 
-def _cause(first: int, alive: set[int]) -> int:
+def job_exit_code(first: int, alive: set[int]) -> int:
     """The job's exit code once a rank has ended with `first`: a signal's (negative) where one of
     the ranks that have ended by now was killed by one. A rank killed with -9 makes its peers fail
     with gloo's 'connection reset' within milliseconds, and on a loaded machine `waitpid(-1)` can
