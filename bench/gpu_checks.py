@@ -17,6 +17,9 @@ figures issue 24 asks for, each measured on real cli.py runs, as a user launches
   shared-GPU line once, and its validation loss and tokens/s.
 - `workers`: a run with 14 torchvision loader workers: seconds from summary.json's writing to
   the process's exit.
+- `dali_shared`: ResNet-50 at 224 px on generated JPEGs through DALI (14 loader threads, bf16),
+  DiLoCo on 4 ranks sharing the GPU at a global batch of 256: completes, and the seconds from
+  summary.json to the exit.
 - `compile`: `train.compile=true` against eager on the same run (evaluation every epoch):
   how often torch.compile compiled (TORCH_LOGS=recompiles: every recompilation is a log line)
   and the images/s of each.
@@ -39,7 +42,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.throughput import write_cifar  # noqa: E402  (the repository is on the path from here on)
+from bench.throughput import IMAGENET_CLASSES, write_cifar, write_imagenet  # noqa: E402  (the repository is on the path from here on)
 
 
 def cli(args: list[str], run_dir: Path, env: dict[str, str] | None = None, timeout: float = 600,
@@ -146,26 +149,54 @@ def wall(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def exit_after_summary(name: str, args: list[str], run_dir: Path) -> dict[str, Any]:
+    """cli.py with `args`: seconds from summary.json's writing to the process's exit (target 3 s:
+    loader workers and ranks must not hold the job up), and the summary."""
+    cmd = [sys.executable, str(REPO / "cli.py"), *args, f"hydra.run.dir={run_dir}", "train.progress=false"]
+    t0 = time.perf_counter()
+    # (the output goes to a file: a pipe nobody reads would fill and stall the ranks)
+    with open(run_dir.parent / f"{run_dir.name}.out", "w+") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
+        summary = run_dir / "summary.json"
+        written = None
+        while proc.poll() is None:
+            if written is None and summary.exists():
+                written = time.time()
+            time.sleep(0.01)
+        ended = time.time()
+        log.seek(0)
+        output = log.read()
+    if proc.returncode or written is None:
+        print(f"{name}: the run failed (exit {proc.returncode})\n{output[-3000:]}", flush=True)
+        return {"ok": False}
+    s = summary_of(run_dir)
+    out = {"ok": ended - written <= 3.0, "exit_after_summary_s": round(ended - written, 2), "steps": s.get("steps"),
+           "samples_per_s": s.get("samples_per_s"), "data_wait_frac": s.get("data_wait_frac"),
+           "wall_s": round(time.perf_counter() - t0, 1)}
+    print(f"{name}: {out}", flush=True)
+    return out
+
+
 def workers(args: argparse.Namespace) -> dict[str, Any]:
     run_dir = Path(args.dir) / "runs" / "workers"
-    cmd = [sys.executable, str(REPO / "cli.py"), *cifar_args(args, "resnet20"), "data.pipeline=torchvision",
-           "data.num_workers=14", "train.epochs=1", "train.eval_every_epochs=1", f"hydra.run.dir={run_dir}",
-           "train.progress=false"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    summary = run_dir / "summary.json"
-    written = None
-    while proc.poll() is None:
-        if written is None and summary.exists():
-            written = time.time()
-        time.sleep(0.01)
-    ended = time.time()
-    output = proc.stdout.read() if proc.stdout else ""
-    if proc.returncode or written is None:
-        print(f"workers: the run failed (exit {proc.returncode})\n{output[-3000:]}", flush=True)
-        return {"ok": False}
-    out = {"ok": ended - written <= 3.0, "exit_after_summary_s": round(ended - written, 2)}
-    print(f"workers: {out}", flush=True)
-    return out
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    return exit_after_summary("workers", [*cifar_args(args, "resnet20"), "data.pipeline=torchvision",
+                                          "data.num_workers=14", "train.epochs=1", "train.eval_every_epochs=1"],
+                              run_dir)
+
+
+def dali_shared(args: argparse.Namespace) -> dict[str, Any]:
+    """ResNet-50 at 224 px through DALI, 14 loader threads, DiLoCo on 4 ranks sharing the GPU, a
+    global batch of 256 (64 a rank: four ranks of 256 would not fit one 80 GB GPU), bf16."""
+    root = Path(args.dir) / f"imagenet_{args.dali_images}"
+    write_imagenet(root, args.dali_images, IMAGENET_CLASSES * 2, 14)
+    run_dir = Path(args.dir) / "runs" / "dali_shared_diloco"
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    return exit_after_summary("dali_shared", [
+        "data=imagenet", f"data.root={root}", "data.pipeline=dali", "data.num_workers=14", "data.val_per_class=1",
+        f"model={args.dali_model}", "train.global_batch_size=256", "algo=diloco", "launch.nproc=4",
+        "dist.device=auto", f"train.max_steps={args.dali_steps}", "train.eval_every_epochs=null",
+        "checkpoint.every_epochs=null"], run_dir)
 
 
 def compile_check(args: argparse.Namespace) -> dict[str, Any]:
@@ -189,7 +220,7 @@ def compile_check(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-CHECKS = {"shared": shared, "lm_shared": lm_shared, "wall": wall, "workers": workers, "compile": compile_check}
+CHECKS = {"shared": shared, "lm_shared": lm_shared, "dali_shared": dali_shared, "wall": wall, "workers": workers, "compile": compile_check}
 
 
 def main() -> None:
@@ -200,6 +231,9 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=10, help="of the `wall` run")
     p.add_argument("--compile-epochs", type=int, default=3, help="of each `compile` run (evaluated every epoch)")
     p.add_argument("--lm-steps", type=int, default=300, help="of the `lm_shared` run")
+    p.add_argument("--dali-images", type=int, default=8192, help="generated training JPEGs of `dali_shared`")
+    p.add_argument("--dali-steps", type=int, default=40, help="of the `dali_shared` run")
+    p.add_argument("--dali-model", default="resnet50")
     p.add_argument("--dir", default="/tmp/syncopt_gpu_checks")
     args = p.parse_args()
     import torch

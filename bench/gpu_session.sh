@@ -5,11 +5,12 @@
 #
 #   bench/gpu_session.sh install        install .whl/ into /tmp/site unless a warm machine has it; versions
 #   bench/gpu_session.sh start          install .whl/ into /tmp/site; the whole suite, in the background
-#   bench/gpu_session.sh piece          keep this call's piece of DALI's wheels
+#   bench/gpu_session.sh piece          keep this call's piece of DALI's wheels (bench/gpu_wheels.sh --dali cuts them)
 #   bench/gpu_session.sh checks         bench/gpu_checks.py (shared GPU, 14 loader workers)
 #   bench/gpu_session.sh wait           until the suite ends (at most 540 s); its summary
 #   bench/gpu_session.sh measure        bench/throughput.py on CIFAR/ResNet-18, bench/gpu_checks.py wall, compile
-#   bench/gpu_session.sh dali           join and install DALI; its tests; bench/throughput.py DALI/ResNet-50 at 224
+#   bench/gpu_session.sh dali           join and install DALI; its tests; bench/throughput.py DALI/ResNet-50 at 224;
+#                                       DiLoCo on 4 ranks sharing the GPU through DALI (gpu_checks dali_shared)
 #   bench/gpu_session.sh gpu            the GPU tests (pytest -m gpu tests/test_gpu.py), failures named in $OUT/gpu_tests.log
 #   bench/gpu_session.sh suite SECONDS  the whole suite on 8 xdist workers (-v; each test limited to 300 s), cut at
 #                                       SECONDS; the node ids that failed in $OUT/suite_failed.txt
@@ -115,7 +116,8 @@ case "${1:-}" in
     python3 -c "import nvidia.dali as d; print('dali', d.__version__)"
     python3 -m pytest -p no:cacheprovider -q -rfEs -k "dali" tests 2>&1 | tee "$OUT/dali_tests.log" | tail -15
     python3 bench/throughput.py --data imagenet --pipelines dali --model resnet50 --batch 256 --train-images 12800 \
-      --workers 14 --warmup 10 --steps 30 --log-every 5 2>&1 | tee "$OUT/throughput_dali.log" | tail -6 ;;
+      --workers 14 --warmup 10 --steps 30 --log-every 5 2>&1 | tee "$OUT/throughput_dali.log" | tail -6
+    python3 bench/gpu_checks.py --only dali_shared 2>&1 | tee "$OUT/dali_shared.log" | tail -2 ;;
   gpu)
     python3 -m pytest -p no:cacheprovider -q -rfEs -m gpu --timeout 400 tests/test_gpu.py 2>&1 \
       | tee "$OUT/gpu_tests.log" | tail -20 ;;

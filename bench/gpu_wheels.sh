@@ -6,6 +6,9 @@
 # bench/gpu_session.sh installs them there with --no-deps into /tmp/site.
 #
 #   bench/gpu_wheels.sh          # then: run(carry=[".whl"], command="bench/gpu_session.sh ...")
+#   bench/gpu_wheels.sh --dali   # also DALI and its needs, as one tar cut into pieces of at most 48 MiB
+#                                # in .dali0/, .dali1/, ...: one piece per call (carry=[".whl", ".daliK"],
+#                                # command="bench/gpu_session.sh piece"), then `bench/gpu_session.sh dali`
 #
 # DeepSpeed and antlr4 publish no wheel: both are built here as pure-Python wheels (DeepSpeed
 # without any compiled op: the GPU machine JIT-builds none, and the runner needs none there).
@@ -27,3 +30,17 @@ PLAT=(); for n in 17 24 27 28 31 34 35; do PLAT+=(--platform "manylinux_2_${n}_x
 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w .whl "antlr4-python3-runtime==$(pin antlr4-python3-runtime)"
 DS_BUILD_OPS=0 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w .whl "deepspeed==$(pin deepspeed)"
 ls .whl | sed 's/^/  /'; du -sh .whl
+[[ ${1:-} == --dali ]] || exit 0
+DALI=(nvidia-dali-cuda130 nvidia-libnvcomp-cu13 nvidia-nvimgcodec-cu13 astunparse gast libcst makefun nvtx optree)
+dspecs=(); for p in "${DALI[@]}"; do dspecs+=("$p==$(pin "$p")"); done
+tmp=$(mktemp -d)
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  "${PLAT[@]}" --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any -d "$tmp/whl" "${dspecs[@]}"
+tar cf "$tmp/dali.tar" -C "$tmp/whl" .
+rm -rf .dali[0-9]* && (cd "$tmp" && split -b 48m dali.tar part_)
+k=0; for part in "$tmp"/part_*; do
+  mkdir -p ".dali$k" && mv "$part" ".dali$k/"
+  grep -qx "/.dali$k/" .git/info/exclude || echo "/.dali$k/" >> .git/info/exclude
+  k=$((k + 1))
+done
+rm -rf "$tmp"; ls -d .dali[0-9]*; du -ch .dali[0-9]* | tail -1
