@@ -60,36 +60,36 @@ def tail(proc: subprocess.CompletedProcess[str]) -> str:
     return (proc.stdout + proc.stderr)[-3000:]
 
 
+def shared_run(name: str, args: list[str], run_dir: Path) -> dict[str, Any]:
+    """cli.py with `args` on ranks sharing the GPU: completes, with its summary, and says the
+    shared-GPU line exactly once."""
+    t0 = time.perf_counter()
+    proc = cli(args, run_dir)
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "share 1 GPU(s)" in ln]
+    s = summary_of(run_dir) if (run_dir / "summary.json").exists() else {}
+    out = {"ok": proc.returncode == 0 and bool(s) and len(lines) == 1, "exit": proc.returncode,
+           "shared_lines": len(lines), "steps": s.get("steps"), "val_loss": s.get("val_loss"),
+           "test_loss": s.get("test_loss"), "test_acc": s.get("test_acc"), "samples_per_s": s.get("samples_per_s"),
+           "wall_s": round(time.perf_counter() - t0, 1)}
+    print(f"{name}: {out}" + ("" if out["ok"] else f"\n{tail(proc)}"), flush=True)
+    return out
+
+
 def shared(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for algo in ("local_sgd", "wagma", "dgs", "diloco"):
-        run_dir = Path(args.dir) / "runs" / f"shared_{algo}"
         extra = ["algo.wait_avoiding=true"] if algo == "wagma" else []
-        t0 = time.perf_counter()
-        proc = cli([f"algo={algo}", "launch.nproc=4", "train.epochs=4", "dist.device=auto", *extra], run_dir)
-        lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "share 1 GPU(s)" in ln]
-        ok = proc.returncode == 0 and (run_dir / "summary.json").exists() and len(lines) == 1
-        s = summary_of(run_dir) if (run_dir / "summary.json").exists() else {}
-        out[algo] = {"ok": ok, "exit": proc.returncode, "shared_lines": len(lines), "steps": s.get("steps"),
-                     "test_acc": s.get("test_acc"), "wall_s": round(time.perf_counter() - t0, 1)}
-        print(f"shared {algo}: {out[algo]}" + ("" if ok else f"\n{tail(proc)}"), flush=True)
+        out[algo] = shared_run(f"shared {algo}", [f"algo={algo}", "launch.nproc=4", "train.epochs=4",
+                                                  "dist.device=auto", *extra],
+                               Path(args.dir) / "runs" / f"shared_{algo}")
     return out
 
 
 def lm_shared(args: argparse.Namespace) -> dict[str, Any]:
-    run_dir = Path(args.dir) / "runs" / "lm_shared_diloco"
-    t0 = time.perf_counter()
-    proc = cli(["recipe=lm/shakespeare_gpu", "algo=diloco", "launch.nproc=8", "dist.device=auto",
-                f"train.max_steps={args.lm_steps}", f"train.eval_every_steps={args.lm_steps}",
-                "checkpoint.every_steps=null", "data.eval_windows=64"], run_dir)
-    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "share 1 GPU(s)" in ln]
-    s = summary_of(run_dir) if (run_dir / "summary.json").exists() else {}
-    ok = proc.returncode == 0 and bool(s) and len(lines) == 1
-    out = {"ok": ok, "exit": proc.returncode, "shared_lines": len(lines), "steps": s.get("steps"),
-           "val_loss": s.get("val_loss"), "test_loss": s.get("test_loss"), "samples_per_s": s.get("samples_per_s"),
-           "wall_s": round(time.perf_counter() - t0, 1)}
-    print(f"lm_shared diloco: {out}" + ("" if ok else f"\n{tail(proc)}"), flush=True)
-    return out
+    return shared_run("lm_shared diloco", [
+        "recipe=lm/shakespeare_gpu", "algo=diloco", "launch.nproc=8", "dist.device=auto",
+        f"train.max_steps={args.lm_steps}", f"train.eval_every_steps={args.lm_steps}", "checkpoint.every_steps=null",
+        "data.eval_windows=64"], Path(args.dir) / "runs" / "lm_shared_diloco")
 
 
 def cifar_args(args: argparse.Namespace, model: str = "resnet18") -> list[str]:

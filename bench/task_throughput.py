@@ -54,7 +54,9 @@ import torch  # noqa: E402  (the repository is on the path from here on)
 from core.task import task_for  # noqa: E402
 from data import DataRequest, build_streams, data_spec  # noqa: E402
 from engine.config import load_run_config, register_schemas  # noqa: E402
+from engine.train.config import Precision  # noqa: E402
 from engine.train.optim import build_optimizer  # noqa: E402
+from engine.train.step import AUTOCAST, resolve_precision  # noqa: E402
 from bench.throughput import train_windows  # noqa: E402  (the trainer on one rank, in process)
 from models import build_model  # noqa: E402
 
@@ -101,8 +103,7 @@ def bare(cfg: Any, args: argparse.Namespace) -> list[float]:
     opt = build_optimizer(model, cfg.optim, cfg.optim.lr)
     clip: Optional[float] = cfg.train.grad_clip
     forward = torch.compile(model) if args.compile else model
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision if args.precision != "auto"
-                                                                 else ("bf16" if device.type == "cuda" else "fp32"))
+    dtype = AUTOCAST.get(resolve_precision(Precision(args.precision), device.type == "cuda"))  # as the runner's
     scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
 
     def step() -> None:

@@ -146,6 +146,7 @@ def _run_jobs(table: TableConfig, jobs: list[tuple[str, list[str], RunDir]], pha
     tree is checked again before each job: one edited while the table runs stops it there."""
     status: dict[str, str] = {}
     durations: list[float] = []
+    left = sum(not r.summary.exists() for _, _, r in jobs)  # runs to make, counted down as each is made
     for i, (name, args, run_dir) in enumerate(jobs, 1):
         tag = f"[{phase} {i}/{len(jobs)}] {name}"
         if run_dir.summary.exists():
@@ -164,7 +165,7 @@ def _run_jobs(table: TableConfig, jobs: list[tuple[str, list[str], RunDir]], pha
                            "load_after": [round(v, 2) for v in os.getloadavg()], "ended": time.time(),
                            "commit": version.commit, "dirty": version.dirty})
         durations.append(seconds)
-        left = sum(not r.summary.exists() for _, _, r in jobs[i:])
+        left -= 1
         print(f"{tag}: {state} in {seconds:.0f} s" + (f" (log: {run_dir.row_log})" if state != "done" else "")
               + time_left(durations, left, phase), flush=True)
     return status
