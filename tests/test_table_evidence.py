@@ -6,6 +6,7 @@ interaction and declared comparisons, a headline metric that is not accuracy, an
 figure."""
 from __future__ import annotations
 
+import calendar
 import csv
 import json
 import math
@@ -411,6 +412,40 @@ def test_a_run_and_a_tables_jobs_record_their_commit(cli_env: dict, tmp_path: Pa
     (job,) = [json.loads(line) for line in (out / "jobs.jsonl").read_text().splitlines()]
     assert job["commit"] == head and job["dirty"] == summary["dirty"]
     assert _csv(out / "runs.csv")[0]["commit"] == head
+    production = (out / "table.md").read_text().split("## Production", 1)[1]
+    assert "ran 1 job (1 made a run)" in production and "in 1 sitting" in production
+
+
+def test_the_production_section_counts_sittings_tries_and_runs_made_elsewhere(tmp_path: Path) -> None:
+    """table.md's Production section from a jobs.jsonl written as the table runner writes it: a
+    second sitting after a pause longer than the gap, a failed run made by a later try, a line cut
+    by a killed process, and runs gathered that the table's command did not make."""
+    from engine.tables.production import SITTING_GAP_S, production_lines, sittings, read_jobs
+
+    t0 = float(calendar.timegm((2026, 11, 18, 9, 45, 0)))  # UTC
+
+    def job(name: str, status: str, seconds: float, ended: float, load: float) -> str:
+        return json.dumps({"phase": "rows", "job": name, "status": status, "seconds": seconds,
+                           "load_before": [load, 0, 0], "load_after": [load + 1, 0, 0], "ended": ended})
+
+    first = [job("a seed 0", "done", 60, t0 + 60, 2.0), job("a seed 1", "failed", 30, t0 + 95, 4.0)]
+    later = t0 + 95 + SITTING_GAP_S + 1 + 100  # the next run starts just over the gap after the last ended
+    second = [job("a seed 1", "done", 100, later, 8.0), job("b seed 0", "done", 50, later + 52, 10.0)]
+    path = tmp_path / "jobs.jsonl"
+    path.write_text("\n".join(first + second) + '\n{"job": "b seed 1", "status": "do')
+
+    records, unreadable = read_jobs(path)
+    assert len(records) == 4 and unreadable == 1
+    assert [(n, round(b - a)) for a, b, n in sittings(records)] == [(2, 95), (2, 152)]
+    text = "\n".join(production_lines(path, finished_runs=5))
+    assert "ran 4 jobs (3 made a run; 1 ended without one (failed), 1 of them made by a later try)" in text
+    assert "4 min of runs" in text and "in 2 sittings" in text
+    assert "from 2026-11-18 09:45 to 2026-11-18 09:59 UTC" in text
+    assert "1 line of jobs.jsonl could not be read" in text
+    assert "2 of the 5 runs gathered have no line there" in text
+    assert "median 6.5, from 2.0 to 11.0" in text
+    assert "- 2026-11-18 09:45 to 09:46: 2 runs (2 min)" in text
+    assert production_lines(tmp_path / "missing.jsonl") == []
 
 
 # --- per-seed results -----------------------------------------------------------------------------

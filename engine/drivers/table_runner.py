@@ -39,6 +39,7 @@ from engine.tables.compare import n_examples
 from engine.tables.config import (RowConfig, SplitSeeds, TableConfig, TableLauncher, headline, load_table, row_args,
                                   row_dir, row_grid, tie_direction, tie_seeds)
 from engine.tables.plots import draw_table_plots
+from engine.tables.production import JOBS_FILE, production_lines
 from engine.tables.provenance import check_tree, mixed_notice, provenance_lines
 from engine.tables.render import collect, render_markdown, write_csv
 from engine.tables.runs import EVALUATED_ON, Summary, read_runs, split_fact, write_runs_csv
@@ -136,7 +137,7 @@ def submit_slurm(table: TableConfig, out: Path) -> None:
 def _log_job(out: Path, record: dict[str, object]) -> None:
     """DIR/jobs.jsonl: one line per job run here, with the machine's load average before and after
     it, so that a table's wall-clock columns can be read against what else the machine was doing."""
-    with open(out / "jobs.jsonl", "a") as fh:
+    with open(out / JOBS_FILE, "a") as fh:
         fh.write(json.dumps(record) + "\n")
 
 
@@ -318,9 +319,11 @@ def run_table(node: DictConfig, out: Path) -> int:
     gathered = collect(table, out, status, tuned)
     version = code_version(ignore=[out])  # the commit the table is gathered at (it may have moved)
     n_test = n_examples(table, gathered.runs, [r.label for r in table.rows], table.compare_metric)
+    tuning_runs = tuning_summaries(table, out, tuned)
+    finished = sum(len(by_seed) for found in (gathered.runs, tuning_runs) for by_seed in found.values())
     markdown = render_markdown(table, gathered.records, tuned, failed_tuning, gathered.family,
-                               provenance_lines(table, version, gathered.runs, tuning_summaries(table, out, tuned)),
-                               n_test)
+                               provenance_lines(table, version, gathered.runs, tuning_runs)
+                               + production_lines(out / JOBS_FILE, finished), n_test)
     (out / "table.md").write_text(markdown)
     write_csv(out / "table.csv", gathered.records)
     write_runs_csv(out / "runs.csv", table, gathered.runs)
