@@ -166,6 +166,11 @@ class DistAlgorithm(ABC):
                                  "whoever is alive that a failed round can roll back)")
     #: Fault-tolerant mode: the rounds this plugin averages through instead of the process group.
     ft_rounds: Optional[RoundAverager] = None
+    #: Each worker's gradient is an update of the model on its own (an asynchronous parameter
+    #: server applies every push as it arrives), so one update is computed from a worker's batch,
+    #: not the global batch: what `optim.scale_lr_with_batch` scales the learning rate by
+    #: (engine/plan.py). False: one update per step from all workers' samples (an average).
+    updates_per_worker: ClassVar[bool] = False
 
     def __init__(self, cfg: AlgoConfig, ctx: DistContext) -> None:
         self.cfg = cfg

@@ -89,7 +89,8 @@ def build_plan(config: RunConfig, run_dir: RunDir, world_size: int, ranks_per_no
     algo = get_algorithm(config.algo.name)
     layout = algo.layout(config.algo, world_size)
     batch = plan_batch(config.train, max(len(layout.train), 1))
-    hyper = hyper_params(config.optim, peak_lr(config.optim, batch.global_batch), config.train.grad_clip)
+    update_batch = batch.per_rank if algo.updates_per_worker else batch.global_batch
+    hyper = hyper_params(config.optim, peak_lr(config.optim, update_batch), config.train.grad_clip)
     algo.validate(config.algo, world_size, ranks_per_node, hyper)
     parse_faults(config.faults, world_size)
     check_ft(config.ft, config.algo.name, algo.ft_refusal, config.launch, config.algo, replicas=world_size)

@@ -55,6 +55,33 @@ def test_workers_cpu_expands_every_method_at_every_count_and_partition() -> None
     assert quick.seeds == [0] and "train.epochs=2" in quick.overrides
 
 
+def test_a_parameter_servers_rate_follows_the_batch_of_a_push_and_an_averages_the_global_batch(tmp_path: Path) -> None:
+    """At a constant global batch a parameter server's push shrinks with the workers and is applied
+    on its own, so its rows scale the rate by the push's batch (0.02 at 4 workers, 16 times less at
+    64); allreduce, one averaged update per step, keeps its rate at every count. Planned from the
+    table's own row arguments, as cli.py would."""
+    from core.rundir import RunDir
+    from engine.plan import build_plan
+    from engine.tables.config import row_args
+    from tests.support.harness import compose
+
+    table = load("workers_cpu")
+    rows = {r.label: r for r in table.rows}
+
+    def planned_lr(label: str) -> tuple[float, int]:
+        run = RunDir(tmp_path / label)
+        args = [a for a in row_args(table, rows[label], 0, run) if not a.startswith("hydra.")]
+        world = int(override(rows[label], "launch.nproc"))
+        plan = build_plan(compose(args), run, world, world)
+        return plan.hyper.peak_lr, plan.batch.per_rank
+
+    assert planned_lr("dgs.w4@iid") == (pytest.approx(0.02), 128)
+    assert planned_lr("dgs.w64@iid") == (pytest.approx(0.02 / 16), 8)
+    assert planned_lr("asgd.w16@dir0.1") == (pytest.approx(0.02 / 4), 32)
+    allreduce_lr = planned_lr("allreduce.w4@iid")[0]
+    assert planned_lr("allreduce.w64@iid") == (allreduce_lr, 8)
+
+
 @pytest.mark.parametrize("workers, words", [
     ("{counts: [4, 6], batch: global_constant, global_batch: 512}", ["workers.global_batch=512", "6 workers"]),
     ("{counts: [4, 8], batch: global_constant}", ["workers.batch=global_constant needs workers.global_batch"]),

@@ -27,7 +27,10 @@ At 64 workers (docs/workers.md): S servers (`algo.servers`, 1 in the recipes) se
 on launch.nproc = 64 + S ranks (table=workers_cpu gives these rows `extra_ranks: 1`, so that they
 train on as many workers as the others); a server applies pushes as they arrive, so a reply is
 built on a model up to about 64 pushes newer than the one the gradient was taken at, and each
-server's links carry every worker's pushes and replies. Refused before launch: no rank left to
+server's links carry every worker's pushes and replies. Every push is an update of its own
+(`updates_per_worker`): `optim.scale_lr_with_batch` scales the rate by a worker's batch, not the
+global batch (engine/plan.py), which at a constant global batch keeps the per-sample step as the
+workers grow. Refused before launch: no rank left to
 train (servers >= world); at set-up: more servers than the model's parameter tensors.
 """
 from __future__ import annotations
@@ -84,6 +87,7 @@ class ParamServerAlgorithm(DistAlgorithm):
     ft_refusal = ("the parameter server holds the only copy of the model, which no live peer can heal from, and its "
                   "pushes and pulls are not rounds a quorum can retry; use launch.max_restarts")
     Config: ClassVar[type[AlgoConfig]] = ParamServerConfig
+    updates_per_worker = True  # every push is applied on its own: lr scaling follows a worker's batch
     test_world_size = 3  # one server, two workers
     deterministic_overrides = {"serving": "round_robin"}
     deterministic_reason = ("asynchronous serving applies pushes in arrival order, which depends on timing; "

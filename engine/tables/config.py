@@ -52,8 +52,8 @@ class SplitSeeds(enum.StrEnum):
 
 class WorkerBatch(enum.StrEnum):
     # each worker keeps its recipe's train.batch_size: the global batch grows with the workers,
-    # and the learning rate follows each recipe's rule (its optim.lr, or lr x global batch / B
-    # where the recipe sets optim.scale_lr_with_batch=B)
+    # and the learning rate follows each recipe's rule (its optim.lr, or lr x update batch / B
+    # where the recipe sets optim.scale_lr_with_batch=B; engine/train/optim.py peak_lr)
     per_worker = "per_worker"
     # train.global_batch_size=workers.global_batch for every count: each worker takes its share
     global_constant = "global_constant"
@@ -306,11 +306,14 @@ def batch_rule(table: TableConfig) -> str:
     counts = ", ".join(str(n) for n in sorted({int(r.x) for r in table.rows if r.x is not None}))
     if axis.batch == WorkerBatch.global_constant:
         rule = (f"the global batch is {axis.global_batch} at every count (train.global_batch_size): each worker "
-                f"takes {axis.global_batch} / N samples per step, and the learning rate is the recipe's")
+                f"takes {axis.global_batch} / N samples per step, and the learning rate is the recipe's, or "
+                f"lr x update batch / B where a row sets optim.scale_lr_with_batch=B (a parameter server's update "
+                f"is one worker's push, {axis.global_batch} / N samples)")
     else:
         rule = ("each worker keeps its recipe's batch (train.batch_size), so the global batch grows with the "
-                "workers; the learning rate follows each recipe's rule (its optim.lr, or lr x global batch / B "
-                "where the recipe sets optim.scale_lr_with_batch=B)")
+                "workers; the learning rate follows each recipe's rule (its optim.lr, or lr x update batch / B "
+                "where the recipe sets optim.scale_lr_with_batch=B: the global batch, a worker's batch for a "
+                "parameter server)")
     return (f"Workers axis: every row at {counts} training workers (label `<row>.w<N>`; launch.nproc = N plus "
             f"the row's extra ranks, a parameter server's). Batch rule: {rule}.")
 

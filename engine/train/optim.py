@@ -42,7 +42,9 @@ class OptimConfig(Section):
     weight_decay: float = option(5e-4, ge=0)
     betas: list[float] = option(factory=lambda: [0.9, 0.999], ge=0, lt=1)  # adamw
     eps: float = option(1e-8, gt=0)  # adamw
-    scale_lr_with_batch: Optional[int] = option(None, ge=1)  # base batch B: lr x global batch / B
+    # base batch B: lr x update batch / B, the update batch being the global batch (a worker's batch
+    # for a parameter server, whose every push is an update of its own)
+    scale_lr_with_batch: Optional[int] = option(None, ge=1)
 
 
 @dataclass
@@ -69,11 +71,15 @@ def check_optim(cfg: OptimConfig) -> None:
         raise UserError(f"optim.betas={list(cfg.betas)} must be two numbers in [0, 1), e.g. [0.9, 0.999]")
 
 
-def peak_lr(cfg: OptimConfig, global_batch: int) -> float:
-    """The configured LR, scaled linearly with the global batch when a recipe asks for it
-    (Goyal et al.: lr = base_lr x global_batch / base_batch; WAGMA uses base batch 256)."""
+def peak_lr(cfg: OptimConfig, update_batch: int) -> float:
+    """The configured LR, scaled linearly with the batch one update is computed from when a recipe
+    asks for it (Goyal et al.: lr = base_lr x batch / base_batch; WAGMA uses base batch 256). That
+    batch is the global batch where the workers' gradients or models are averaged into one update,
+    and a worker's batch for a parameter server, which applies every push on its own: with the
+    global batch held at G over N workers, such a push is G / N samples, and an unscaled rate would
+    move the model N times as far per sample as at one worker."""
     if cfg.scale_lr_with_batch:
-        return cfg.lr * global_batch / cfg.scale_lr_with_batch
+        return cfg.lr * update_batch / cfg.scale_lr_with_batch
     return cfg.lr
 
 
