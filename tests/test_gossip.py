@@ -167,6 +167,46 @@ def check_async_adpsgd(runs: list[dict[str, Any]]) -> None:
     assert spread(after) < 0.1 * spread(before), (spread(before), spread(after))
 
 
+def test_a_passive_rank_asked_several_times_between_its_steps_averages_one_after_another() -> None:
+    """Three active ranks reach one passive rank before its next step (64 ranks on two cores do):
+    each request must meet the model the previous one left, so the passive rank ends at the
+    successive pairwise averages and every active rank at the average with what it was sent. The
+    exchange arithmetic of PairwiseAverager, without its thread or transport; answering each request
+    with the published model alone would put the passive rank at p + (a1 + a2 + a3 - 3p) / 2,
+    outside the models' hull."""
+    import threading
+
+    from dist_algos.adpsgd import PairwiseAverager
+
+    def endpoint(model: torch.Tensor) -> PairwiseAverager:
+        end = PairwiseAverager.__new__(PairwiseAverager)  # the arithmetic only: no thread, no group
+        end._published, end._pending = [model.clone()], [torch.zeros_like(model)]
+        end._sent, end._received = [torch.empty_like(model)], [torch.empty_like(model)]
+        end._cv, end.exchanges = threading.Condition(), 0
+        return end
+
+    torch.manual_seed(0)
+    passive_model, actives = torch.randn(6), [torch.randn(6) for _ in range(3)]
+    passive = endpoint(passive_model)
+    expected, total = passive_model.clone(), passive_model + sum(actives)
+    finals = []
+    for model in actives:
+        active = endpoint(model)
+        active._snapshot()
+        passive._snapshot()
+        active._received[0].copy_(passive._sent[0])
+        passive._received[0].copy_(active._sent[0])
+        active._correct()
+        passive._correct()
+        finals.append(active._published[0] + active._pending[0])
+        assert torch.allclose(finals[-1], (model + expected) / 2, atol=1e-6)
+        expected = (expected + model) / 2
+    passive_final = passive._published[0] + passive._pending[0]
+    assert torch.allclose(passive_final, expected, atol=1e-6)
+    assert torch.allclose(passive_final + sum(finals), total, atol=1e-5)  # every exchange conserves the sum
+    assert passive.exchanges == 3
+
+
 def test_exponential_graph_is_balanced() -> None:
     for world in (2, 3, 4, 6, 8, 64):
         for step in range(8):
