@@ -132,7 +132,9 @@ class StepContext:
     epoch: int
     loss: torch.Tensor  # this rank's mean minibatch loss, detached scalar
     lr: float  # current LR of the first param group
-    optimizer_step: Callable[[], None]  # local update from the current .grad (unscale, clip, step)
+    # local update from the current .grad (unscale, clip, step); clip=False skips train.grad_clip, for a
+    # plugin that clipped each worker's gradient itself (a sign update: dist_algos/compressed.py)
+    optimizer_step: Callable[..., None]
     extras: dict[str, Any] = field(default_factory=dict)
 
 

@@ -28,6 +28,7 @@ from dist_algos import register_algorithm
 from dist_algos.allreduce import OverlappedHooks
 from dist_algos.base import AlgoConfig, HyperParams, Scenario, StepContext, TrainInfo
 from dist_algos.compress import build_chain, check_chain
+from dist_algos.compress.contract import Combine
 from dist_algos.compress.communicator import Communicator
 from dist_algos.compress.overlap import OverlappedExchange
 from dist_algos.machinery.flat import flat_grads
@@ -65,7 +66,8 @@ class CompressedAllreduce(OverlappedHooks):
                                                  "feedback": "decayed:0.95"}, task="language_model")}
     reference = "tests.support.references:COMPRESSED"
     invalid_options = {"algo.compress=[]": "use algo=allreduce", "algo.feedback=sometimes": "algo.feedback",
-                       "algo.compress=[nonesuch]": "nonesuch", "algo.bucket_mb=0": "algo.bucket_mb"}
+                       "algo.compress=[nonesuch]": "nonesuch", "algo.bucket_mb=0": "algo.bucket_mb",
+                       "algo.compress=[signmv] algo.overlap=true train.grad_clip=1": "algo.overlap=false"}
     cfg: CompressedConfig
     overlapped: Optional[OverlappedExchange] = None
 
@@ -74,13 +76,25 @@ class CompressedAllreduce(OverlappedHooks):
                  hyper: HyperParams) -> None:
         assert isinstance(cfg, CompressedConfig)
         check_chain(cfg.compress, cfg.feedback)
-        if build_chain(cfg.compress) is None:
+        chain = build_chain(cfg.compress)
+        if chain is None:
             raise UserError("algo.compress=[] sends nothing compressed: use algo=allreduce for dense averaging")
+        if hyper.grad_clip and cfg.overlap and cls.sign_update(cfg, chain):
+            raise UserError(f"train.grad_clip={hyper.grad_clip} with a sign update and algo.overlap=true: the "
+                            f"clip applies to each worker's gradient before compression, which overlapped "
+                            f"buckets leave before backward ends; set algo.overlap=false or train.grad_clip=null")
+
+    @staticmethod
+    def sign_update(cfg: "CompressedConfig", chain: Any) -> bool:
+        """Whether the combined update is a sign (DeMo's sign_result, or a majority vote), whose size
+        the learning rate alone sets."""
+        return cfg.sign_result or chain.combine == Combine.VOTE
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, info: TrainInfo) -> None:
         super().setup(model, optimizer, info)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.grads = flat_grads(self.params)
+        self.clip = info.hyper.grad_clip
         if len(self.grads.buffers) != 1:
             raise UserError("algo=compressed needs every trained parameter in one dtype and device")
         sizes, shapes = layer_shapes(self.params)
@@ -99,6 +113,12 @@ class CompressedAllreduce(OverlappedHooks):
 
     def step(self, ctx: StepContext) -> None:
         grad = self.grads.buffers[0]
+        # A sign update is +-1 per coordinate (norm sqrt(d)): train.grad_clip applied to it, as the
+        # local step does, would shrink the step about sqrt(d)-fold (on the 0.8M-parameter GPT, 900:
+        # no learning). It clips each worker's gradient before compression instead.
+        clip_first = bool(self.clip) and self.sign_update(self.cfg, self.exchanger.compressor)
+        if clip_first:
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip)
         if self.overlapped is not None:
             with self.comm.timed():  # what this rank waits for: the exchanges not hidden behind backward
                 self.overlapped.wait()
@@ -110,7 +130,10 @@ class CompressedAllreduce(OverlappedHooks):
         if self.cfg.sign_result:
             grad.sign_()
         self.comm.add(sent=nbytes, recv=nbytes, syncs=1 if self.ctx.world_size > 1 else 0)
-        ctx.optimizer_step()
+        if clip_first:
+            ctx.optimizer_step(clip=False)
+        else:
+            ctx.optimizer_step()
 
     def state_dict(self) -> dict[str, Any]:
         if self.overlapped is not None:

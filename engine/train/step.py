@@ -77,9 +77,10 @@ class LocalStep:
             hits.append(self.task.hits(logits, ym))
         return loss_sum / len(x), torch.cat(hits)
 
-    def optimizer_step(self) -> None:
-        """The local update from the current `.grad` (what `StepContext.optimizer_step` runs)."""
-        if self.grad_clip:
+    def optimizer_step(self, clip: bool = True) -> None:
+        """The local update from the current `.grad` (what `StepContext.optimizer_step` runs);
+        `clip=False`: without train.grad_clip, which the plugin applied before its exchange."""
+        if self.grad_clip and clip:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         self.scaler.step(self.optimizer)

@@ -51,3 +51,15 @@ def test_recipe_trains_without_diverging(recipe: str, tmp_path: Path) -> None:
     assert len(losses) >= STEPS // LOG_EVERY - 1, f"{recipe}: logged {losses}"
     assert all(math.isfinite(x) for x in losses), f"{recipe}: a non-finite training loss: {losses}"
     assert losses[-1] < FALLING * losses[0], f"{recipe}: the loss does not fall ({losses})"
+
+
+@pytest.mark.parametrize("recipe", ["cpu_signsgd_mv", "cpu_demo"])
+def test_a_sign_update_still_steps_under_a_gradient_clip(recipe: str, tmp_path: Path) -> None:
+    """train.grad_clip clips each worker's gradient before a sign update is formed, not the +-1
+    result (norm sqrt(d)): clipping that shrank the step about sqrt(d)-fold, and the language
+    model's DeMo and signSGD rows (clip 1.0) did not learn. A clip far below the gradients' norm
+    must leave the recipe training as it does unclipped."""
+    overrides = [*short_run(recipe, str(tmp_path)), "train.grad_clip=0.01"]
+    losses = run_ranks(train_losses, WORLD, overrides, str(tmp_path), timeout=300)[0]
+    assert all(math.isfinite(x) for x in losses), losses
+    assert losses[-1] < FALLING * losses[0], f"{recipe}: the loss does not fall under the clip ({losses})"
