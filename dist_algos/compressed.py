@@ -94,11 +94,15 @@ class CompressedAllreduce(OverlappedHooks):
         super().setup(model, optimizer, info)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.grads = flat_grads(self.params)
-        self.clip = info.hyper.grad_clip
         if len(self.grads.buffers) != 1:
             raise UserError("algo=compressed needs every trained parameter in one dtype and device")
         sizes, shapes = layer_shapes(self.params)
         self.exchanger = self._communicator(sizes, shapes)
+        # A sign update is +-1 per coordinate (norm sqrt(d)): train.grad_clip applied to it, as the
+        # local step does, would shrink the step about sqrt(d)-fold (on the 0.8M-parameter GPT, 900:
+        # no learning). It clips each worker's gradient before compression instead.
+        self.clip = info.hyper.grad_clip
+        self.clip_first = bool(self.clip) and self.sign_update(self.cfg, self.exchanger.compressor)
         if self.cfg.overlap and self.ctx.world_size > 1:
             self.overlapped = OverlappedExchange(self.params, self.ctx.world_size, self._communicator,
                                                  bucket_bytes=int(self.cfg.bucket_mb * MIB),
@@ -113,11 +117,7 @@ class CompressedAllreduce(OverlappedHooks):
 
     def step(self, ctx: StepContext) -> None:
         grad = self.grads.buffers[0]
-        # A sign update is +-1 per coordinate (norm sqrt(d)): train.grad_clip applied to it, as the
-        # local step does, would shrink the step about sqrt(d)-fold (on the 0.8M-parameter GPT, 900:
-        # no learning). It clips each worker's gradient before compression instead.
-        clip_first = bool(self.clip) and self.sign_update(self.cfg, self.exchanger.compressor)
-        if clip_first:
+        if self.clip_first:
             torch.nn.utils.clip_grad_norm_(self.params, self.clip)
         if self.overlapped is not None:
             with self.comm.timed():  # what this rank waits for: the exchanges not hidden behind backward
@@ -130,7 +130,7 @@ class CompressedAllreduce(OverlappedHooks):
         if self.cfg.sign_result:
             grad.sign_()
         self.comm.add(sent=nbytes, recv=nbytes, syncs=1 if self.ctx.world_size > 1 else 0)
-        if clip_first:
+        if self.clip_first:
             ctx.optimizer_step(clip=False)
         else:
             ctx.optimizer_step()
