@@ -672,4 +672,12 @@ def test_the_intervals_figure_draws_differences_on_their_own_scale(tmp_path: Pat
     low, high = iid.get_xlim()
     assert -0.03 < low < -0.0133 and 0.007 < high < 0.03  # scaled to the differences, not 0-1
     assert skew.get_xlim()[0] > -0.6 and any("-0.600" in t.get_text() for t in skew.texts)  # b@skew: an arrow
+    assert any("[-0.800, -0.400]" in t.get_text() for t in skew.texts)  # with its corrected interval written
+    plt.close(fig)
+    # one seed: no interval, so the far-out row's value is written without a bracket
+    single = [{"label": lab, "baseline": "a", "diff": d} for lab, d in
+              [("a", None), ("b", -0.117), ("c", 0.003), ("d", -0.003), ("e", 0.0028), ("f", 0.0056),
+               ("g", -0.0028), ("h", -0.0056), ("i", 0.0028)]]
+    fig = _differences_figure(plt, TableConfig(name="t", rows=[], seeds=[0]), single)
+    assert [t.get_text() for t in fig.axes[0].texts] == ["-0.117"]
     plt.close(fig)

@@ -280,7 +280,9 @@ def _differences_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> 
             if limit is not None and abs(rec["diff"]) > limit:  # far out: an arrow at the edge, its value written
                 edge = math.copysign(limit, rec["diff"])
                 ax.plot([edge], [y], marker="<" if edge < 0 else ">", ms=7, color=colour)
-                ax.annotate(f"{rec['diff']:+.3f} [{rec['diff'] - below:+.3f}, {rec['diff'] + above:+.3f}]",
+                text = f"{rec['diff']:+.3f}" + (f" [{rec['diff'] - below:+.3f}, {rec['diff'] + above:+.3f}]"
+                                                if below or above else "")  # one seed: no interval to write
+                ax.annotate(text,
                             (edge, y), textcoords="offset points", xytext=(8 if edge < 0 else -8, 3),
                             ha="left" if edge < 0 else "right", fontsize=7, color=colour)
                 continue
