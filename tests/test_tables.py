@@ -260,7 +260,7 @@ def test_head_to_head_quick_form_runs_end_to_end(cli_env: dict, tmp_path: Path) 
 
 def test_a_long_table_says_how_long_it_has_left(tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
     """Three jobs, the first already complete: after each run the runner prints the runs left in
-    the phase and the time they take at the mean so far (a table here runs for a day)."""
+    the phase and the time they should take (a table here runs for a day)."""
     from core.provenance import CodeVersion
     from core.rundir import RunDir
     from engine.drivers import table_runner as runner
@@ -282,7 +282,32 @@ def test_a_long_table_says_how_long_it_has_left(tmp_path: Path, monkeypatch: Any
     assert status == {"job0": "done", "job1": "done", "job2": "done"}
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].endswith("already complete")
-    assert lines[2].endswith("done in 600 s; 1 run left in this phase (tune), about 10 min at its mean so far")
+    assert lines[2].endswith("done in 600 s; 1 run left in this phase (tune), about 10 min by the runs like them so far")
     assert lines[4].endswith("done in 1200 s")  # nothing left: no estimate
-    assert (runner.time_left([3600.0, 7200.0], 4, "rows")
-            == "; 4 runs left in this phase (rows), about 6.0 h at its mean so far")
+
+
+def test_time_left_estimates_each_run_from_the_made_runs_most_like_it(tmp_path: Path) -> None:
+    """A workers table's runs differ twentyfold in length with the worker count: each remaining run
+    is estimated from the same label, else the same row under another variant, else the same worker
+    count, else every made run; a run paused and resumed counts its pieces together, a failed or
+    stopped job is no estimate. (The plain mean of the made runs would say 5 x 625 s.)"""
+    from engine.tables.time_left import estimate_seconds, made_runs, time_left_text
+
+    lines = [("a.w4@iid seed 0", "done", 100.0), ("a.w64@iid seed 0", "stopped", 300.0),
+             ("a.w64@iid seed 0", "done", 600.0), ("a.w64@iid seed 1", "done", 1100.0),
+             ("b.w64@iid seed 0", "done", 400.0), ("b.w64@iid seed 1", "failed", 5.0)]
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text("".join(json.dumps({"phase": "rows", "job": j, "status": st, "seconds": sec, "ended": 1.0e9})
+                            + "\n" for j, st, sec in lines) + "{cut by a kill\n")
+    made = made_runs(jobs)
+    assert made == {"a.w4@iid seed 0": 100.0, "a.w64@iid seed 0": 900.0, "a.w64@iid seed 1": 1100.0,
+                    "b.w64@iid seed 0": 400.0}
+    remaining = ["a.w64@iid seed 2",          # its own label: (900 + 1100) / 2
+                 "a.w64@dir0.1 seed 0",       # its row under IID: 1000
+                 "c.w64@iid seed 0",          # the runs at 64 workers: (900 + 1100 + 400) / 3
+                 "c.w4@iid optim.lr=0.1 seed 0",  # a tuning run at 4 workers: 100
+                 "d@iid seed 0"]              # nothing like it: all four made runs, 625
+    assert estimate_seconds(remaining, made) == pytest.approx(1000 + 1000 + 800 + 100 + 625)
+    assert estimate_seconds(remaining, {}) is None
+    assert time_left_text(remaining, made, "rows") == "; 5 runs left in this phase (rows), about 59 min by the runs like them so far"
+    assert time_left_text([], made, "rows") == ""

@@ -43,6 +43,7 @@ from engine.tables.production import JOBS_FILE, production_lines
 from engine.tables.provenance import check_tree, mixed_notice, provenance_lines
 from engine.tables.render import collect, render_markdown, write_csv
 from engine.tables.runs import EVALUATED_ON, Summary, read_runs, split_fact, write_runs_csv
+from engine.tables.time_left import made_runs, time_left_text
 from engine.tables.tuning import (Setting, TunePolicy, Tuned, choose, extend_grid, grid_settings, row_seeds,
                                   setting_name, setting_overrides, stale_setting, tune_dir)
 
@@ -146,8 +147,7 @@ def _run_jobs(table: TableConfig, jobs: list[tuple[str, list[str], RunDir]], pha
     """Run each (name, args, run directory) not already complete; returns status by name. The
     tree is checked again before each job: one edited while the table runs stops it there."""
     status: dict[str, str] = {}
-    durations: list[float] = []
-    left = sum(not r.summary.exists() for _, _, r in jobs)  # runs to make, counted down as each is made
+    made = made_runs(out / JOBS_FILE) if out is not None else {}  # job -> seconds, for the estimate
     for i, (name, args, run_dir) in enumerate(jobs, 1):
         tag = f"[{phase} {i}/{len(jobs)}] {name}"
         if run_dir.summary.exists():
@@ -165,21 +165,13 @@ def _run_jobs(table: TableConfig, jobs: list[tuple[str, list[str], RunDir]], pha
                            "load_before": [round(v, 2) for v in load_before],
                            "load_after": [round(v, 2) for v in os.getloadavg()], "ended": time.time(),
                            "commit": version.commit, "dirty": version.dirty})
-        durations.append(seconds)
-        left -= 1
+            made = made_runs(out / JOBS_FILE)
+        elif state == "done":
+            made[name] = seconds
+        remaining = [n for n, _, r in jobs[i:] if not r.summary.exists()]
         print(f"{tag}: {state} in {seconds:.0f} s" + (f" (log: {run_dir.row_log})" if state != "done" else "")
-              + time_left(durations, left, phase), flush=True)
+              + time_left_text(remaining, made, phase), flush=True)
     return status
-
-
-def time_left(durations: list[float], left: int, phase: str) -> str:
-    """'; 12 runs left in this phase (tune), about 1.4 h at its mean so far': a long table (a day here) says
-    when it will end; the mean of the runs this invocation made, runs already complete not counted."""
-    if not left or not durations:
-        return ""
-    hours = left * sum(durations) / len(durations) / 3600
-    about = f"{hours:.1f} h" if hours >= 1 else f"{hours * 60:.0f} min"
-    return f"; {left} run{'s' * (left != 1)} left in this phase ({phase}), about {about} at its mean so far"
 
 
 def tune_policy(table: TableConfig) -> TunePolicy:
