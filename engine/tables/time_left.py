@@ -1,8 +1,8 @@
 """How long a table's remaining runs will take, from the runs of the same kind already made.
 
 Why not the mean of the runs made so far: a table's runs are not alike. `workers_cpu` runs its
-rows from 4 to 64 workers, and a run at 64 takes twenty times one at 4 here, so after the first
-rows the plain mean said 5 hours where 20 were left. A remaining run is estimated from the made
+rows from 4 to 64 workers, and a run at 64 takes twenty times one at 4 here, so the mean of the
+runs one sitting had made said 8.4 hours where about 16 were left (2026-11-26). A remaining run is estimated from the made
 runs most like it: the same row label (its other seeds, its other tuning settings), else the same
 row under another variant (`<row>@iid` for `<row>@dir0.1`), else the runs at the same worker
 count (`.w64` in a workers table), else all made runs. The made runs are read from the table's
@@ -29,15 +29,16 @@ def job_label(job: str) -> str:
 
 def kinds(label: str) -> list[str]:
     """The keys a run is grouped by, most alike first: the label, the row without its variant, the
-    worker count ('w64'), and '' (every run)."""
+    worker count (' workers 64') and ' all' (every run); the last two begin with a space, which a
+    job name's first word never has, so they cannot meet a label."""
     keys = [label]
     row = label.partition("@")[0]
     if row != label:
         keys.append(row)
     workers = _WORKERS.search(label)
     if workers:
-        keys.append(f"w{workers.group(1)}")
-    return keys + [""]
+        keys.append(f" workers {workers.group(1)}")
+    return keys + [" all"]
 
 
 def made_runs(jobs_file: Path) -> dict[str, float]:
