@@ -291,6 +291,7 @@ def test_time_left_estimates_each_run_from_the_made_runs_most_like_it(tmp_path: 
     is estimated from the same label, else the same row under another variant, else the same worker
     count, else every made run; a run paused and resumed counts its pieces together, a failed or
     stopped job is no estimate. (The plain mean of the made runs would say 5 x 625 s.)"""
+    from engine.tables.production import read_jobs
     from engine.tables.time_left import estimate_seconds, made_runs, time_left_text
 
     lines = [("a.w4@iid seed 0", "done", 100.0), ("a.w64@iid seed 0", "stopped", 300.0),
@@ -299,7 +300,7 @@ def test_time_left_estimates_each_run_from_the_made_runs_most_like_it(tmp_path: 
     jobs = tmp_path / "jobs.jsonl"
     jobs.write_text("".join(json.dumps({"phase": "rows", "job": j, "status": st, "seconds": sec, "ended": 1.0e9})
                             + "\n" for j, st, sec in lines) + "{cut by a kill\n")
-    made = made_runs(jobs)
+    made = made_runs(read_jobs(jobs)[0])
     assert made == {"a.w4@iid seed 0": 100.0, "a.w64@iid seed 0": 900.0, "a.w64@iid seed 1": 1100.0,
                     "b.w64@iid seed 0": 400.0}
     remaining = ["a.w64@iid seed 2",          # its own label: (900 + 1100) / 2

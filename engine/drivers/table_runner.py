@@ -39,7 +39,7 @@ from engine.tables.compare import n_examples
 from engine.tables.config import (RowConfig, SplitSeeds, TableConfig, TableLauncher, headline, load_table, row_args,
                                   row_dir, row_grid, tie_direction, tie_seeds)
 from engine.tables.plots import draw_table_plots
-from engine.tables.production import JOBS_FILE, production_lines
+from engine.tables.production import JOBS_FILE, JobRecord, production_lines, read_jobs
 from engine.tables.provenance import check_tree, mixed_notice, provenance_lines
 from engine.tables.render import collect, render_markdown, write_csv
 from engine.tables.runs import EVALUATED_ON, Summary, read_runs, split_fact, write_runs_csv
@@ -147,10 +147,11 @@ def _run_jobs(table: TableConfig, jobs: list[tuple[str, list[str], RunDir]], pha
     """Run each (name, args, run directory) not already complete; returns status by name. The
     tree is checked again before each job: one edited while the table runs stops it there."""
     status: dict[str, str] = {}
-    made = made_runs(out / JOBS_FILE) if out is not None else {}  # job -> seconds, for the estimate
+    records = read_jobs(out / JOBS_FILE)[0] if out is not None else []  # for the time-left estimate
+    to_make = [not r.summary.exists() for _, _, r in jobs]
     for i, (name, args, run_dir) in enumerate(jobs, 1):
         tag = f"[{phase} {i}/{len(jobs)}] {name}"
-        if run_dir.summary.exists():
+        if not to_make[i - 1]:
             status[name] = "done"
             print(f"{tag}: already complete", flush=True)
             continue
@@ -160,17 +161,16 @@ def _run_jobs(table: TableConfig, jobs: list[tuple[str, list[str], RunDir]], pha
         load_before = os.getloadavg()
         state, seconds = run_row(args, run_dir, table.row_timeout_s)
         status[name] = state
+        record = JobRecord(name, phase, state, round(seconds, 1), time.time(), ())
+        records.append(record)
         if out is not None:
-            _log_job(out, {"phase": phase, "job": name, "status": state, "seconds": round(seconds, 1),
+            _log_job(out, {"phase": phase, "job": name, "status": state, "seconds": record.seconds,
                            "load_before": [round(v, 2) for v in load_before],
-                           "load_after": [round(v, 2) for v in os.getloadavg()], "ended": time.time(),
+                           "load_after": [round(v, 2) for v in os.getloadavg()], "ended": record.ended,
                            "commit": version.commit, "dirty": version.dirty})
-            made = made_runs(out / JOBS_FILE)
-        elif state == "done":
-            made[name] = seconds
-        remaining = [n for n, _, r in jobs[i:] if not r.summary.exists()]
+        remaining = [n for (n, _, _), make in zip(jobs[i:], to_make[i:]) if make]
         print(f"{tag}: {state} in {seconds:.0f} s" + (f" (log: {run_dir.row_log})" if state != "done" else "")
-              + time_left_text(remaining, made, phase), flush=True)
+              + time_left_text(remaining, made_runs(records), phase), flush=True)
     return status
 
 

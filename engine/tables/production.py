@@ -77,7 +77,8 @@ def _utc(t: float, fmt: str = "%Y-%m-%d %H:%M") -> str:
     return time.strftime(fmt, time.gmtime(t))
 
 
-def _hours(seconds: float) -> str:
+def hours_text(seconds: float) -> str:
+    """'1.4 h', or '35 min' under an hour: how the table's texts say a duration."""
     return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
 
 
@@ -97,7 +98,7 @@ def production_lines(jobs_file: Path, finished_runs: Optional[int] = None) -> li
              f"({len(done)} made a run"
              + (f"; {len(failed)} ended without one ({', '.join(sorted({r.status for r in failed}))}), "
                 f"{len({r.job for r in failed} & done)} of them made by a later try" if failed else "")
-             + f"), {_hours(run_s)} of runs, from {_utc(spans[0][0])} to {_utc(spans[-1][1])} UTC in "
+             + f"), {hours_text(run_s)} of runs, from {_utc(spans[0][0])} to {_utc(spans[-1][1])} UTC in "
              f"{len(spans)} sitting{'s' * (len(spans) != 1)} (a pause of {SITTING_GAP_S / 60:.0f} minutes or more "
              f"between runs ends one)."]
     if unreadable:
@@ -116,7 +117,7 @@ def production_lines(jobs_file: Path, finished_runs: Optional[int] = None) -> li
         lines.append("")
         shown = spans[:MAX_SITTINGS_LISTED]
         lines += [f"- {_utc(a)} to {_utc(b, '%H:%M') if _utc(a, '%F') == _utc(b, '%F') else _utc(b)}: "
-                  f"{n} run{'s' * (n != 1)} ({_hours(b - a)})" for a, b, n in shown]
+                  f"{n} run{'s' * (n != 1)} ({hours_text(b - a)})" for a, b, n in shown]
         if len(spans) > len(shown):
             lines.append(f"- and {len(spans) - len(shown)} more sittings")
     return lines + [""]

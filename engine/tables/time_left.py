@@ -2,8 +2,8 @@
 
 Why not the mean of the runs made so far: a table's runs are not alike. `workers_cpu` runs its
 rows from 4 to 64 workers, and a run at 64 takes twenty times one at 4 here, so the mean of the
-runs one sitting had made said 8.4 hours where about 16 were left (2026-11-26). A remaining run is estimated from the made
-runs most like it: the same row label (its other seeds, its other tuning settings), else the same
+runs one sitting had made said 8.4 hours where about 16 were left (2026-11-26). A remaining run
+is estimated from the made runs most like it: the same row label (its other seeds, its other tuning settings), else the same
 row under another variant (`<row>@iid` for `<row>@dir0.1`), else the runs at the same worker
 count (`.w64` in a workers table), else all made runs. The made runs are read from the table's
 jobs.jsonl, so the estimate also uses the sittings before this one; a run made over several
@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import re
 import statistics
-from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
-from engine.tables.production import read_jobs
+from engine.tables.production import JobRecord, hours_text
 
 _WORKERS = re.compile(r"\.w(\d+)(?=@|$)")
 
@@ -41,10 +40,10 @@ def kinds(label: str) -> list[str]:
     return keys + [" all"]
 
 
-def made_runs(jobs_file: Path) -> dict[str, float]:
+def made_runs(records: Iterable[JobRecord]) -> dict[str, float]:
     """Seconds of each job the table has finished (status done), summed over the sittings it ran
-    in (a paused run resumes in a later line under the same name)."""
-    records, _ = read_jobs(jobs_file)
+    in (a paused run resumes in a later record under the same name); the records are jobs.jsonl's
+    (engine.tables.production.read_jobs) and the ones run since it was read."""
     spent: dict[tuple[str, str], float] = {}
     done: set[tuple[str, str]] = set()
     for rec in records:
@@ -77,7 +76,6 @@ def time_left_text(remaining: Sequence[str], made: dict[str, float], phase: str)
     seconds = estimate_seconds(remaining, made) if remaining else None
     if seconds is None:
         return ""
-    hours = seconds / 3600
-    about = f"{hours:.1f} h" if hours >= 1 else f"{hours * 60:.0f} min"
     left = len(remaining)
-    return f"; {left} run{'s' * (left != 1)} left in this phase ({phase}), about {about} by the runs like them so far"
+    return (f"; {left} run{'s' * (left != 1)} left in this phase ({phase}), about {hours_text(seconds)} by the runs "
+            f"like them so far")
