@@ -148,10 +148,10 @@ def _run_jobs(table: TableConfig, jobs: list[tuple[str, list[str], RunDir]], pha
     tree is checked again before each job: one edited while the table runs stops it there."""
     status: dict[str, str] = {}
     records = read_jobs(out / JOBS_FILE)[0] if out is not None else []  # for the time-left estimate
-    to_make = [not r.summary.exists() for _, _, r in jobs]
+    to_make = [not r.summary.exists() for _, _, r in jobs]  # as at the start: for the runs-left count
     for i, (name, args, run_dir) in enumerate(jobs, 1):
         tag = f"[{phase} {i}/{len(jobs)}] {name}"
-        if not to_make[i - 1]:
+        if run_dir.summary.exists():
             status[name] = "done"
             print(f"{tag}: already complete", flush=True)
             continue
