@@ -391,6 +391,58 @@ def test_runs_made_at_other_commits_are_kept_and_flagged(tmp_path: Path, monkeyp
     assert {r["commit"] for r in _csv(tmp_path / "runs.csv") if r["row"] == "b"} == {"d" * 40}
 
 
+def test_a_table_store_carries_finished_runs_to_a_fresh_run_folder(tmp_path: Path, monkeypatch: Any,
+                                                                   capsys: Any) -> None:
+    """table.store: each run that finishes is carried there (its record, never its checkpoints) with
+    its jobs.jsonl line; a fresh run folder starting from the store runs only what the store lacks,
+    and gathers the same table as the first folder; the store is left out of the dirty-tree check."""
+    from core.provenance import CodeVersion
+    from engine.drivers import table_runner as runner
+    from engine.tables import provenance
+
+    ignored: list[list[Path]] = []
+    clean = CodeVersion("e" * 40, False)
+    monkeypatch.setattr(provenance, "code_version", lambda ignore=(): ignored.append(list(ignore)) or clean)
+    monkeypatch.setattr(runner, "code_version", lambda ignore=(): clean)
+    made: list[str] = []
+    accs = {"base": [0.9, 0.91, 0.92], "b": [0.88, 0.9, 0.9]}
+
+    def run_row(args: list[str], run_dir: Any, timeout: Any) -> tuple[str, float]:
+        label, seed = run_dir.root.parent.name, int(run_dir.root.name.removeprefix("seed_"))
+        made.append(f"{label} {seed}")
+        _write_run(run_dir, _summary(accs[label][seed - 1], commit="e" * 40), [{"step": 10, "test_acc": 0.5}])
+        (run_dir.root / "checkpoints").mkdir()
+        (run_dir.root / "checkpoints" / "rank_0.pt").write_bytes(b"x" * 100)
+        return "done", 1.0
+
+    monkeypatch.setattr(runner, "run_row", run_row)
+    store = tmp_path / "store"
+    table = _table([{"label": "base"}, {"label": "b"}], store=str(store))
+    assert runner.run_table(table, tmp_path / "one") == 0
+    assert len(made) == 6 and [tmp_path / "one", store] in ignored
+    assert sorted(p.parent.name + "/" + p.name for p in store.glob("*/seed_*")) == \
+        sorted(f"{r}/seed_{s}" for r in accs for s in (1, 2, 3))
+    assert not list(store.glob("**/checkpoints")) and (store / "b" / "seed_2" / "metrics.jsonl").is_file()
+    assert len((store / "jobs.jsonl").read_text().splitlines()) == 6
+
+    # a fresh folder: everything is put back, nothing runs, the same table comes out
+    made.clear()
+    assert runner.run_table(table, tmp_path / "two") == 0
+    assert made == [] and "6 finished runs put back from table.store" in capsys.readouterr().out
+    def gathered(folder: str) -> list[dict[str, str]]:
+        return [{k: v for k, v in r.items() if k != "log"} for r in _csv(tmp_path / folder / "table.csv")]
+    assert gathered("two") == gathered("one") and len(gathered("one")) == 2
+    assert "ran 6 jobs (6 made a run)" in (tmp_path / "two" / "table.md").read_text()
+
+    # a run the store lacks is made, once; both jobs.jsonl hold every job once
+    import shutil
+    shutil.rmtree(store / "b" / "seed_3")
+    assert runner.run_table(table, tmp_path / "three") == 0
+    assert made == ["b 3"] and (store / "b" / "seed_3" / "summary.json").is_file()
+    lines = (store / "jobs.jsonl").read_text().splitlines()
+    assert len(lines) == 7 == len(set(lines)) and (tmp_path / "three" / "jobs.jsonl").read_text().splitlines() == lines
+
+
 def test_a_run_and_a_tables_jobs_record_their_commit(cli_env: dict, tmp_path: Path) -> None:
     """Through cli.py: summary.json has the checkout's commit and dirty flag; jobs.jsonl and
     runs.csv carry them per run."""

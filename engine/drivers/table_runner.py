@@ -40,9 +40,10 @@ from engine.tables.config import (RowConfig, SplitSeeds, TableConfig, TableLaunc
                                   row_dir, row_grid, tie_direction, tie_seeds)
 from engine.tables.plots import draw_table_plots
 from engine.tables.production import JOBS_FILE, JobRecord, production_lines, read_jobs
-from engine.tables.provenance import check_tree, mixed_notice, provenance_lines
+from engine.tables.provenance import check_tree, mixed_notice, provenance_lines, store_path, table_folders
 from engine.tables.render import collect, render_markdown, write_csv
 from engine.tables.runs import EVALUATED_ON, Summary, read_runs, split_fact, write_runs_csv
+from engine.tables.store import append_job, restore, save_run
 from engine.tables.time_left import made_runs, time_left_text
 from engine.tables.tuning import (Setting, TunePolicy, Tuned, choose, extend_grid, grid_settings, row_seeds,
                                   setting_name, setting_overrides, stale_setting, tune_dir)
@@ -135,11 +136,15 @@ def submit_slurm(table: TableConfig, out: Path) -> None:
         subprocess.run(cmd, cwd=REPO, check=False)
 
 
-def _log_job(out: Path, record: dict[str, object]) -> None:
+def _log_job(table: TableConfig, out: Path, record: dict[str, object]) -> None:
     """DIR/jobs.jsonl: one line per job run here, with the machine's load average before and after
-    it, so that a table's wall-clock columns can be read against what else the machine was doing."""
+    it, so that a table's wall-clock columns can be read against what else the machine was doing
+    (and in table.store, where there is one)."""
+    line = json.dumps(record)
     with open(out / JOBS_FILE, "a") as fh:
-        fh.write(json.dumps(record) + "\n")
+        fh.write(line + "\n")
+    if table.store:
+        append_job(store_path(table), line)
 
 
 def _run_jobs(table: TableConfig, jobs: list[tuple[str, list[str], RunDir]], phase: str,
@@ -164,7 +169,9 @@ def _run_jobs(table: TableConfig, jobs: list[tuple[str, list[str], RunDir]], pha
         record = JobRecord(name, phase, state, round(seconds, 1), time.time(), ())
         records.append(record)
         if out is not None:
-            _log_job(out, {"phase": phase, "job": name, "status": state, "seconds": record.seconds,
+            if table.store and state == "done":
+                save_run(store_path(table), out, run_dir.root)
+            _log_job(table, out, {"phase": phase, "job": name, "status": state, "seconds": record.seconds,
                            "load_before": [round(v, 2) for v in load_before],
                            "load_after": [round(v, 2) for v in os.getloadavg()], "ended": record.ended,
                            "commit": version.commit, "dirty": version.dirty})
@@ -264,10 +271,14 @@ def run_table(node: DictConfig, out: Path) -> int:
     """Run (or dry-run) the table; returns the exit code (non-zero if any row failed)."""
     table = per_seed_options(load_table(node), out)
     out.mkdir(parents=True, exist_ok=True)
+    if table.store and not table.dry_run:
+        put_back = restore(store_path(table), out)
+        print(f"table {table.name}: {put_back} finished run{'s' * (put_back != 1)} put back from table.store "
+              f"{store_path(table)}", flush=True)
     if not table.dry_run:
         # a run still to make is refused on a dirty tree now, before any starts; a table whose runs
         # are all there only gathers (table.md says which tree it was gathered on)
-        version = check_tree(table, out) if _pending(table, out) else code_version(ignore=[out])
+        version = check_tree(table, out) if _pending(table, out) else code_version(ignore=table_folders(table, out))
         notice = mixed_notice(table, read_runs(table, out), version)
         if notice:
             print(notice, flush=True)
@@ -309,7 +320,7 @@ def run_table(node: DictConfig, out: Path) -> int:
                   f"or no validation split: data.val_fraction=0); the row is not run", flush=True)
     failed_tuning = [name for name, state in tune_status.items() if state != "done"]
     gathered = collect(table, out, status, tuned)
-    version = code_version(ignore=[out])  # the commit the table is gathered at (it may have moved)
+    version = code_version(ignore=table_folders(table, out))  # the commit the table is gathered at (it may have moved)
     n_test = n_examples(table, gathered.runs, [r.label for r in table.rows], table.compare_metric)
     tuning_runs = tuning_summaries(table, out, tuned)
     finished = sum(len(by_seed) for found in (gathered.runs, tuning_runs) for by_seed in found.values())

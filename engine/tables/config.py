@@ -156,6 +156,10 @@ class TableConfig(Section):
     resolve_target: Optional[float] = option(None, gt=0)
     # run on a tree with uncommitted changes (refused otherwise); table.md says so
     allow_dirty: bool = False
+    # a folder each finished run's record is carried to, and restored from when the table starts
+    # (engine/tables/store.py): commit it, and a fresh checkout resumes the table; a relative path
+    # is the repository's
+    store: Optional[str] = None
     budget: dict[str, Any] = field(default_factory=dict)  # e.g. {train.budget_samples: 42240}: every row
     every_algorithm: bool = False  # one row per registered algorithm from recipes/<recipe_set>/<algo>.yaml
     # the every-algorithm rows' recipes: cpu (the default digits task), cpu_mnist1d (MNIST-1D's 1-D

@@ -16,15 +16,25 @@ from pathlib import Path
 from typing import Any, Optional
 
 from core.errors import UserError
-from core.provenance import CodeVersion, code_version
+from core.provenance import REPO, CodeVersion, code_version
 from engine.tables.config import TableConfig
 
 Summary = dict[str, Any]
 
 
+def table_folders(table: TableConfig, out: Path) -> list[Path]:
+    """What the table writes, left out of the dirty-tree check: its run folder and its store."""
+    return [out, *([store_path(table)] if table.store else [])]
+
+
+def store_path(table: TableConfig) -> Path:
+    """table.store as a path (a relative one is the repository's)."""
+    return REPO / str(table.store) if table.store else REPO
+
+
 def check_tree(table: TableConfig, out: Path) -> CodeVersion:
     """The checkout's version; a dirty tree is refused unless table.allow_dirty (one line)."""
-    version = code_version(ignore=[out])
+    version = code_version(ignore=table_folders(table, out))
     if version.dirty and not table.allow_dirty:
         shown = ", ".join(version.changed[:3]) + (", ..." if len(version.changed) > 3 else "")
         raise UserError(f"table {table.name}: the working tree has uncommitted changes ({len(version.changed)} "

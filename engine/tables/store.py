@@ -1,0 +1,85 @@
+"""A table's finished runs, carried between checkouts and machines: `table.store=PATH`.
+
+Why: a table here is tens of hours of runs, made in sittings, and a sitting's machine may be a fresh
+one, its run folder (hydra.run.dir) gone with the last. With `table.store` set, the runner copies
+each finished run's record (RECORD_FILES: what the table reads from a run, never its checkpoints)
+into PATH, in the run folder's layout, as the run finishes, and appends the run's jobs.jsonl line
+there too. When the table starts it puts back into its run folder every finished run PATH holds
+that the folder lacks, and merges the two jobs.jsonl. Commit PATH (e.g. docs/results/NAME/store)
+and a later checkout resumes the table where the last one stopped, every run keeping the commit it
+was made at. PATH is left out of the dirty-tree check, as the run folder is.
+
+A run in progress is not carried (a checkpoint is megabytes per rank): it starts again there.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from engine.tables.production import JOBS_FILE
+
+#: a run's record: what a table reads from a finished run (summary, eval curve, composed config and
+#: the overrides that tell a stale tuning choice); paths relative to the run folder
+RECORD_FILES = ("summary.json", "metrics.jsonl", "config.yaml", ".hydra/overrides.yaml")
+
+
+def finished_runs(root: Path) -> list[Path]:
+    """Every finished run under `root` (a folder holding summary.json), relative to it, sorted."""
+    if not root.is_dir():
+        return []
+    return sorted(p.parent.relative_to(root) for p in root.glob("**/summary.json"))
+
+
+def copy_record(src: Path, dst: Path) -> None:
+    """Copy one run's record files that exist from run folder `src` into `dst`. summary.json goes
+    last, so that a copy cut short is never taken for a finished run."""
+    for name in sorted(RECORD_FILES, key=lambda n: n == "summary.json"):
+        if (src / name).is_file():
+            (dst / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src / name, dst / name)
+
+
+def save_run(store: Path, out: Path, run_root: Path) -> None:
+    """Carry a run that has just finished in `out` into the store."""
+    copy_record(run_root, store / run_root.relative_to(out))
+
+
+def _job_lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def _ended(line: str) -> float:
+    try:
+        return float(json.loads(line).get("ended", 0.0))
+    except (ValueError, TypeError, AttributeError):
+        return 0.0
+
+
+def merge_jobs(store: Path, out: Path) -> None:
+    """Both folders' jobs.jsonl become their union, each line once, in the order the jobs ended."""
+    lines = list(dict.fromkeys(_job_lines(out / JOBS_FILE) + _job_lines(store / JOBS_FILE)))
+    text = "".join(f"{line}\n" for line in sorted(lines, key=_ended))
+    for folder in (out, store):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / JOBS_FILE).write_text(text)
+
+
+def restore(store: Path, out: Path) -> int:
+    """Put back into `out` every finished run of the store that `out` does not hold finished (a run
+    left half-made there is completed by the store's record; its checkpoints stay, unused), merge the
+    two jobs.jsonl; returns how many runs were put back."""
+    put_back = 0
+    for rel in finished_runs(store):
+        if not (out / rel / "summary.json").exists():
+            copy_record(store / rel, out / rel)
+            put_back += 1
+    merge_jobs(store, out)
+    return put_back
+
+
+def append_job(store: Path, line: str) -> None:
+    """One job's jobs.jsonl line, in the store as in the run folder."""
+    store.mkdir(parents=True, exist_ok=True)
+    with open(store / JOBS_FILE, "a") as fh:
+        fh.write(line + "\n")
