@@ -442,6 +442,39 @@ def test_a_table_store_carries_finished_runs_to_a_fresh_run_folder(tmp_path: Pat
     lines = (store / "jobs.jsonl").read_text().splitlines()
     assert len(lines) == 7 == len(set(lines)) and (tmp_path / "three" / "jobs.jsonl").read_text().splitlines() == lines
 
+    # the store belongs to this table in this form: another table, or the quick form, is refused
+    for other in (_table([{"label": "base"}], name="t2", store=str(store)),
+                  _table([{"label": "base"}], store=str(store), quick=True)):
+        with pytest.raises(UserError) as err:
+            runner.run_table(other, tmp_path / "four")
+        assert "\n" not in str(err.value) and "give this table a store of its own" in str(err.value)
+    assert made == ["b 3"]
+
+
+def test_gather_only_shows_the_rows_made_so_far_and_runs_nothing(tmp_path: Path, monkeypatch: Any) -> None:
+    """table.gather_only=true on a table in progress: nothing runs (even on a dirty tree), the rows
+    with every seed are gathered and compared among themselves, the others are listed as started or
+    not, and table.md says it is partial."""
+    from core.provenance import CodeVersion
+    from engine.drivers import table_runner as runner
+    from engine.tables import provenance
+    from engine.tables.config import RowConfig, row_dir
+
+    dirty = CodeVersion("f" * 40, True, ("engine/x.py",))
+    monkeypatch.setattr(provenance, "code_version", lambda ignore=(): dirty)
+    monkeypatch.setattr(runner, "code_version", lambda ignore=(): dirty)
+    monkeypatch.setattr(runner, "run_row", lambda *a, **k: pytest.fail("gather_only ran a job"))
+    _reported(tmp_path, "base", [0.9, 0.91, 0.92])
+    _reported(tmp_path, "b", [0.88, 0.9, 0.9])
+    _write_run(row_dir(tmp_path, RowConfig(label="c"), 1), _summary(0.5))
+    rows = [{"label": "base"}, {"label": "b"}, {"label": "c"}, {"label": "d"}]
+    assert runner.run_table(_table(rows, gather_only=True), tmp_path) == 0
+    assert [r["label"] for r in _csv(tmp_path / "table.csv")] == ["base", "b"]
+    markdown = (tmp_path / "table.md").read_text()
+    assert markdown.startswith("# Partial: ") and "7 of 12 reported runs made; 2 of 4 rows" in markdown
+    assert "Rows with some seeds made (not shown): c (1 of 3)." in markdown
+    assert "Rows not yet started (1): d." in markdown and not (tmp_path / "d").exists()
+
 
 def test_a_run_and_a_tables_jobs_record_their_commit(cli_env: dict, tmp_path: Path) -> None:
     """Through cli.py: summary.json has the checkout's commit and dirty flag; jobs.jsonl and

@@ -43,7 +43,7 @@ from engine.tables.production import JOBS_FILE, JobRecord, production_lines, rea
 from engine.tables.provenance import check_tree, mixed_notice, provenance_lines, store_path, table_folders
 from engine.tables.render import collect, render_markdown, write_csv
 from engine.tables.runs import EVALUATED_ON, Summary, read_runs, split_fact, write_runs_csv
-from engine.tables.store import append_job, restore, save_run
+from engine.tables.store import append_job, restore, save_run, store_identity
 from engine.tables.time_left import made_runs, time_left_text
 from engine.tables.tuning import (Setting, TunePolicy, Tuned, choose, extend_grid, grid_settings, row_seeds,
                                   setting_name, setting_overrides, stale_setting, tune_dir)
@@ -267,18 +267,38 @@ def _pending(table: TableConfig, out: Path) -> bool:
         any(not row_dir(out, row, seed).summary.exists() for row in table.rows for seed in table.seeds)
 
 
+def made_so_far(table: TableConfig, out: Path) -> tuple[TableConfig, list[str]]:
+    """table.gather_only: the table cut to the rows whose every seed is made (its comparisons, the
+    Holm family and the plots are those rows'), and table.md's lines saying what is left out."""
+    done = [r for r in table.rows if all(row_dir(out, r, s).summary.exists() for s in table.seeds)]
+    made = sum(row_dir(out, r, s).summary.exists() for r in table.rows for s in table.seeds)
+    started = [f"{r.label} ({sum(row_dir(out, r, s).summary.exists() for s in table.seeds)} of {len(table.seeds)})"
+               for r in table.rows if r not in done and any(row_dir(out, r, s).summary.exists() for s in table.seeds)]
+    left = [r.label for r in table.rows if r not in done and not any(row_dir(out, r, s).summary.exists()
+                                                                      for s in table.seeds)]
+    lines = [f"**Partial** (table.gather_only=true): {made} of {len(table.rows) * len(table.seeds)} reported runs "
+             f"made; {len(done)} of {len(table.rows)} rows have every seed and are shown. Their comparisons are "
+             f"Holm-corrected among themselves only, so the finished table's corrections will be stricter.", ""]
+    if started:
+        lines += [f"Rows with some seeds made (not shown): {', '.join(started)}.", ""]
+    if left:
+        lines += [f"Rows not yet started ({len(left)}): {', '.join(left)}.", ""]
+    return replace(table, rows=done), lines
+
+
 def run_table(node: DictConfig, out: Path) -> int:
     """Run (or dry-run) the table; returns the exit code (non-zero if any row failed)."""
     table = per_seed_options(load_table(node), out)
     out.mkdir(parents=True, exist_ok=True)
     if table.store and not table.dry_run:
-        put_back = restore(store_path(table), out)
+        put_back = restore(store_path(table), out, store_identity(table))
         print(f"table {table.name}: {put_back} finished run{'s' * (put_back != 1)} put back from table.store "
               f"{store_path(table)}", flush=True)
     if not table.dry_run:
         # a run still to make is refused on a dirty tree now, before any starts; a table whose runs
         # are all there only gathers (table.md says which tree it was gathered on)
-        version = check_tree(table, out) if _pending(table, out) else code_version(ignore=table_folders(table, out))
+        version = check_tree(table, out) if _pending(table, out) and not table.gather_only \
+            else code_version(ignore=table_folders(table, out))
         notice = mixed_notice(table, read_runs(table, out), version)
         if notice:
             print(notice, flush=True)
@@ -299,21 +319,24 @@ def run_table(node: DictConfig, out: Path) -> int:
         submit_slurm(table, out)
         print(f"submitted; run the same command again when the jobs are done to gather the table in {out}")
         return 0
+    partial: list[str] = []
+    if table.gather_only:
+        table, partial = made_so_far(table, out)
     tune_status: dict[str, str] = {}
-    while True:  # a grid extended beyond a winning edge adds jobs; run until none is new
+    while not table.gather_only:  # a grid extended beyond a winning edge adds jobs; run until none is new
         new = [job for job in tuning_jobs(table, out) if job[0] not in tune_status]
         if not new:
             break
         tune_status.update(_run_jobs(table, new, "tune", out))
     tuned = chosen(table, out)
     finals = final_jobs(table, out, tuned)
-    for row, seed, _ in finals:  # a reported run made with another setting (the choice changed) is set aside
+    for row, seed, _ in finals if not table.gather_only else []:  # a reported run made with another setting
         if row.label in tuned and tuned[row.label].winner is not None:
             set_aside_if_stale(row_dir(out, row, seed), tuned[row.label].winner)
-    by_name = _run_jobs(table, [(f"{row.label} seed {seed}", args, row_dir(out, row, seed))
+    by_name = {} if table.gather_only else _run_jobs(table, [(f"{row.label} seed {seed}", args, row_dir(out, row, seed))
                                 for row, seed, args in finals], "rows", out)
-    status = {(row.label, seed): by_name[f"{row.label} seed {seed}"] for row, seed, _ in finals}
-    for label, result in tuned.items():  # a row whose grid could not choose: failed
+    status = {(row.label, seed): by_name.get(f"{row.label} seed {seed}", "done") for row, seed, _ in finals}
+    for label, result in tuned.items() if not table.gather_only else []:  # a grid that could not choose: failed
         if result.winner is None:
             status.update({(label, s): "failed" for s in table.seeds})
             print(f"{label}: no setting of its grid has {table.select_metric} on every tuning seed (failed runs, "
@@ -326,7 +349,7 @@ def run_table(node: DictConfig, out: Path) -> int:
     finished = sum(len(by_seed) for found in (gathered.runs, tuning_runs) for by_seed in found.values())
     markdown = render_markdown(table, gathered.records, tuned, failed_tuning, gathered.family,
                                provenance_lines(table, version, gathered.runs, tuning_runs)
-                               + production_lines(out / JOBS_FILE, finished), n_test)
+                               + production_lines(out / JOBS_FILE, finished), n_test, partial)
     (out / "table.md").write_text(markdown)
     write_csv(out / "table.csv", gathered.records)
     write_runs_csv(out / "runs.csv", table, gathered.runs)

@@ -179,6 +179,9 @@ class TableConfig(Section):
     quick_overrides: list[str] = field(default_factory=list)
     x_label: str = ""  # what a row's `x` is, for `speedup:` plots
     dry_run: bool = False
+    # run nothing: gather the rows whose every seed is made (a table made over days: what it says so
+    # far); table.md is titled partial and lists the rows still to make
+    gather_only: bool = False
     launcher: TableLauncher = TableLauncher.local
     row_timeout_s: Optional[float] = option(None, gt=0)
 

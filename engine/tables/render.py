@@ -352,7 +352,8 @@ def _declared_lines(table: TableConfig, family: Family) -> list[str]:
 
 def render_markdown(table: TableConfig, records: list[dict[str, Any]], tuned: Optional[dict[str, Tuned]] = None,
                     failed_tuning: Optional[list[str]] = None, family: Optional[Family] = None,
-                    provenance: Optional[list[str]] = None, test_examples: Optional[int] = None) -> str:
+                    provenance: Optional[list[str]] = None, test_examples: Optional[int] = None,
+                    partial: Optional[list[str]] = None) -> str:
     per_row = any(r.baseline for r in table.rows)  # rows with their own baseline: name it per row
     base = "baseline" if per_row else table.baseline
     has_base = per_row or table.baseline is not None
@@ -363,9 +364,11 @@ def render_markdown(table: TableConfig, records: list[dict[str, Any]], tuned: Op
             *(f"{m} vs {base}" for m in table.ratios if has_base),
             *(f"paper {m}" for m in table.paper_metrics), *(["paper source"] if table.paper_metrics else [])]
     title = table.title or table.name
-    lines = [f"# Quick form (table.quick=true) of: {title}" if table.quick else f"# {title}", ""]
+    lines = [f"# Quick form (table.quick=true) of: {title}" if table.quick else
+             f"# Partial: {title}" if partial else f"# {title}", ""]
     if table.description:
         lines += [table.description.strip(), ""]
+    lines += partial or []
     if batch_rule(table):
         lines += [batch_rule(table), ""]
     if target(table) is not None and {"time_to_target_s", "bytes_to_target"} & set(table.columns):

@@ -9,7 +9,10 @@ that the folder lacks, and merges the two jobs.jsonl. Commit PATH (e.g. docs/res
 and a later checkout resumes the table where the last one stopped, every run keeping the commit it
 was made at. PATH is left out of the dirty-tree check, as the run folder is.
 
-A run in progress is not carried (a checkpoint is megabytes per rank): it starts again there.
+A run in progress is not carried (a checkpoint is megabytes per rank): it starts again there. A
+store belongs to one table in one form (STORE_FILE records its name and whether it is the quick
+form), since runs are put back by label and seed alone: another table, or the quick form of the
+same one, is refused in one line.
 """
 from __future__ import annotations
 
@@ -17,7 +20,11 @@ import json
 import shutil
 from pathlib import Path
 
+from core.errors import UserError
+from engine.tables.config import TableConfig
 from engine.tables.production import JOBS_FILE
+
+STORE_FILE = "store.json"  # which table (and form) the store's runs belong to
 
 #: a run's record: what a table reads from a finished run (summary, eval curve, composed config and
 #: the overrides that tell a stale tuning choice); paths relative to the run folder
@@ -65,10 +72,29 @@ def merge_jobs(store: Path, out: Path) -> None:
         (folder / JOBS_FILE).write_text(text)
 
 
-def restore(store: Path, out: Path) -> int:
+def store_identity(table: TableConfig) -> dict[str, object]:
+    """What a store's runs belong to: the table's name and form."""
+    return {"table": table.name, "quick": table.quick}
+
+
+def claim(store: Path, identity: dict[str, object]) -> None:
+    """Record the store's table (first use), or refuse a store made for another one (one line)."""
+    path = store / STORE_FILE
+    if path.is_file():
+        found = json.loads(path.read_text())
+        if found != identity:
+            raise UserError(f"table.store={store} holds the runs of {found}, not of {identity}; give this table "
+                            f"a store of its own")
+        return
+    store.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(identity) + "\n")
+
+
+def restore(store: Path, out: Path, identity: dict[str, object]) -> int:
     """Put back into `out` every finished run of the store that `out` does not hold finished (a run
     left half-made there is completed by the store's record; its checkpoints stay, unused), merge the
-    two jobs.jsonl; returns how many runs were put back."""
+    two jobs.jsonl; returns how many runs were put back. A store of another table is refused."""
+    claim(store, identity)
     put_back = 0
     for rel in finished_runs(store):
         if not (out / rel / "summary.json").exists():
