@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Produce the long CPU tables in parts (docs/tables.md, "Carrying a table between machines"): each
+# table in turn, from a worktree pinned at one commit, every finished run carried to
+# docs/results/<table>/store (table.store), so that a later sitting, on this machine or a fresh
+# one, resumes where this one stopped. Commit the stores between sittings.
+#
+#   scripts/produce_tables.sh start [COMMIT]   # in the background; logs in $TABLES_DIR/<table>.log
+#   scripts/produce_tables.sh pause            # the running run checkpoints and stops; start resumes it
+#   scripts/produce_tables.sh status           # runs made per table
+#
+# COMMIT: the code the runs are made with; by default the commit the first table's store was started
+# at (its jobs.jsonl), else HEAD, so that a table is not made of several commits by accident.
+# Environment: TABLES (default below, in order), TABLES_DIR (run folders, logs, the worktree;
+# default /tmp/tables). Uses the repository's .venv (scripts/setup_env.sh).
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+SELF="$REPO/scripts/$(basename "$0")"
+DIR=${TABLES_DIR:-/tmp/tables}
+TABLES=${TABLES:-"workers_cpu head_to_head_mnist1d_cpu head_to_head_lm_cpu"}
+PY="$REPO/.venv/bin/python"
+WT="$DIR/worktree"
+
+store() { echo "$REPO/docs/results/$1/store"; }
+
+started_at() {  # the commit a store's first job ran at ("" if none)
+    local jobs
+    jobs="$(store "$1")/jobs.jsonl"
+    [ -s "$jobs" ] && "$PY" -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["commit"])' "$jobs" || true
+}
+
+loop() {
+    cd "$WT"
+    for t in $TABLES; do
+        echo "$(date -u +%FT%TZ) start $t at $(git rev-parse --short HEAD)"
+        rc=0
+        "$PY" cli.py "table=$t" "hydra.run.dir=$DIR/$t" "table.store=$(store "$t")" >> "$DIR/$t.log" 2>&1 || rc=$?
+        echo "$(date -u +%FT%TZ) end $t rc=$rc"
+        [ -f "$DIR/paused" ] && exit 0
+    done
+}
+
+case "${1:-}" in
+start)
+    [ -x "$PY" ] || { echo "produce_tables: no $PY; run scripts/setup_env.sh first" >&2; exit 1; }
+    first=${TABLES%% *}
+    if pgrep -f "produce_tables.sh loop" >/dev/null || pgrep -f "table.store=$(store "$first")" >/dev/null; then
+        echo "produce_tables: already running (scripts/produce_tables.sh pause stops it)" >&2; exit 1
+    fi
+    commit=${2:-$(started_at "$first")}
+    commit=${commit:-$(git -C "$REPO" rev-parse HEAD)}
+    mkdir -p "$DIR"
+    rm -f "$DIR/paused"
+    if [ -d "$WT" ]; then
+        [ "$(git -C "$WT" rev-parse HEAD)" = "$(git -C "$REPO" rev-parse "$commit")" ] || {
+            echo "produce_tables: $WT is at $(git -C "$WT" rev-parse --short HEAD), not $commit; remove it" \
+                 "(git worktree remove $WT) or pass its commit" >&2; exit 1; }
+    else
+        git -C "$REPO" worktree add -q --detach "$WT" "$commit"
+    fi
+    (cd "$DIR" && setsid nohup "$SELF" loop >> "$DIR/chain.log" 2>&1 < /dev/null &)
+    echo "producing $TABLES at $(git -C "$WT" rev-parse --short HEAD); logs in $DIR"
+    ;;
+loop)
+    loop
+    ;;
+pause)
+    touch "$DIR/paused"
+    pkill -f "produce_tables.sh loop" || true
+    runner=$(pgrep -f "cli.py table=" | head -1 || true)
+    log=$(ls -t "$DIR"/*.log 2>/dev/null | grep -v chain.log | head -1 || true)
+    run=""
+    [ -n "$log" ] && run=$(grep -oE ": (running|resuming) \([^)]*\)" "$log" | tail -1 | sed -E 's/.*\((.*)\)/\1/' || true)
+    [ -n "$runner" ] && kill -9 "$runner"
+    if [ -n "$run" ] && pgrep -f "hydra.run.dir=$run" >/dev/null; then
+        touch "$run/stop_request"
+        echo "asked $run to checkpoint and stop"
+        for _ in $(seq 1 150); do pgrep -f "hydra.run.dir=$run" >/dev/null || { echo "paused"; exit 0; }; sleep 2; done
+        echo "produce_tables: $run still running after 300 s" >&2; exit 1
+    fi
+    echo "paused"
+    ;;
+status)
+    for t in $TABLES; do
+        n=$( (find "$(store "$t")" -name summary.json 2>/dev/null || true) | wc -l)
+        echo "$t: $n finished runs in $(store "$t")"
+    done
+    ;;
+*)
+    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+    exit 2
+    ;;
+esac
