@@ -40,10 +40,10 @@ from engine.tables.config import (RowConfig, SplitSeeds, TableConfig, TableLaunc
                                   row_dir, row_grid, tie_direction, tie_seeds)
 from engine.tables.plots import draw_table_plots
 from engine.tables.production import JOBS_FILE, JobRecord, production_lines, read_jobs
-from engine.tables.provenance import check_tree, mixed_notice, provenance_lines, store_path, table_folders
+from engine.tables.provenance import check_tree, mixed_notice, provenance_lines, table_folders
 from engine.tables.render import collect, render_markdown, write_csv
 from engine.tables.runs import EVALUATED_ON, Summary, read_runs, split_fact, write_runs_csv
-from engine.tables.store import append_job, restore, save_run, store_identity
+from engine.tables.store import append_job, restore, save_run, store_identity, store_path
 from engine.tables.time_left import made_runs, time_left_text
 from engine.tables.tuning import (Setting, TunePolicy, Tuned, choose, extend_grid, grid_settings, row_seeds,
                                   setting_name, setting_overrides, stale_setting, tune_dir)
@@ -270,13 +270,12 @@ def _pending(table: TableConfig, out: Path) -> bool:
 def made_so_far(table: TableConfig, out: Path) -> tuple[TableConfig, list[str]]:
     """table.gather_only: the table cut to the rows whose every seed is made (its comparisons, the
     Holm family and the plots are those rows'), and table.md's lines saying what is left out."""
-    done = [r for r in table.rows if all(row_dir(out, r, s).summary.exists() for s in table.seeds)]
-    made = sum(row_dir(out, r, s).summary.exists() for r in table.rows for s in table.seeds)
-    started = [f"{r.label} ({sum(row_dir(out, r, s).summary.exists() for s in table.seeds)} of {len(table.seeds)})"
-               for r in table.rows if r not in done and any(row_dir(out, r, s).summary.exists() for s in table.seeds)]
-    left = [r.label for r in table.rows if r not in done and not any(row_dir(out, r, s).summary.exists()
-                                                                      for s in table.seeds)]
-    lines = [f"**Partial** (table.gather_only=true): {made} of {len(table.rows) * len(table.seeds)} reported runs "
+    made = {r.label: sum(row_dir(out, r, s).summary.exists() for s in table.seeds) for r in table.rows}
+    n = len(table.seeds)
+    done = [r for r in table.rows if made[r.label] == n]
+    started = [f"{label} ({k} of {n})" for label, k in made.items() if 0 < k < n]
+    left = [label for label, k in made.items() if k == 0]
+    lines = [f"**Partial** (table.gather_only=true): {sum(made.values())} of {len(table.rows) * n} reported runs "
              f"made; {len(done)} of {len(table.rows)} rows have every seed and are shown. Their comparisons are "
              f"Holm-corrected among themselves only, so the finished table's corrections will be stricter.", ""]
     if started:
@@ -319,29 +318,38 @@ def run_table(node: DictConfig, out: Path) -> int:
         submit_slurm(table, out)
         print(f"submitted; run the same command again when the jobs are done to gather the table in {out}")
         return 0
-    partial: list[str] = []
     if table.gather_only:
         table, partial = made_so_far(table, out)
+        tuned = chosen(table, out)
+        return write_table(table, out, {(row.label, seed): "done" for row, seed, _ in final_jobs(table, out, tuned)},
+                           tuned, [], partial)
     tune_status: dict[str, str] = {}
-    while not table.gather_only:  # a grid extended beyond a winning edge adds jobs; run until none is new
+    while True:  # a grid extended beyond a winning edge adds jobs; run until none is new
         new = [job for job in tuning_jobs(table, out) if job[0] not in tune_status]
         if not new:
             break
         tune_status.update(_run_jobs(table, new, "tune", out))
     tuned = chosen(table, out)
     finals = final_jobs(table, out, tuned)
-    for row, seed, _ in finals if not table.gather_only else []:  # a reported run made with another setting
+    for row, seed, _ in finals:  # a reported run made with another setting (the choice changed) is set aside
         if row.label in tuned and tuned[row.label].winner is not None:
             set_aside_if_stale(row_dir(out, row, seed), tuned[row.label].winner)
-    by_name = {} if table.gather_only else _run_jobs(table, [(f"{row.label} seed {seed}", args, row_dir(out, row, seed))
+    by_name = _run_jobs(table, [(f"{row.label} seed {seed}", args, row_dir(out, row, seed))
                                 for row, seed, args in finals], "rows", out)
-    status = {(row.label, seed): by_name.get(f"{row.label} seed {seed}", "done") for row, seed, _ in finals}
-    for label, result in tuned.items() if not table.gather_only else []:  # a grid that could not choose: failed
+    status = {(row.label, seed): by_name[f"{row.label} seed {seed}"] for row, seed, _ in finals}
+    for label, result in tuned.items():  # a row whose grid could not choose: failed
         if result.winner is None:
             status.update({(label, s): "failed" for s in table.seeds})
             print(f"{label}: no setting of its grid has {table.select_metric} on every tuning seed (failed runs, "
                   f"or no validation split: data.val_fraction=0); the row is not run", flush=True)
     failed_tuning = [name for name, state in tune_status.items() if state != "done"]
+    return write_table(table, out, status, tuned, failed_tuning, [])
+
+
+def write_table(table: TableConfig, out: Path, status: dict[tuple[str, int], str], tuned: dict[str, Tuned],
+                failed_tuning: list[str], partial: list[str]) -> int:
+    """Gather the runs into table.md (also printed), table.csv, runs.csv and the plots; returns the
+    exit code (non-zero if any row is not complete). `partial`: table.gather_only's lines."""
     gathered = collect(table, out, status, tuned)
     version = code_version(ignore=table_folders(table, out))  # the commit the table is gathered at (it may have moved)
     n_test = n_examples(table, gathered.runs, [r.label for r in table.rows], table.compare_metric)

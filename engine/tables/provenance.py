@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from core.errors import UserError
-from core.provenance import REPO, CodeVersion, code_version
+from core.provenance import CodeVersion, code_version
 from engine.tables.config import TableConfig
+from engine.tables.store import store_path
 
 Summary = dict[str, Any]
 
@@ -25,11 +26,6 @@ Summary = dict[str, Any]
 def table_folders(table: TableConfig, out: Path) -> list[Path]:
     """What the table writes, left out of the dirty-tree check: its run folder and its store."""
     return [out, *([store_path(table)] if table.store else [])]
-
-
-def store_path(table: TableConfig) -> Path:
-    """table.store as a path (a relative one is the repository's)."""
-    return REPO / str(table.store) if table.store else REPO
 
 
 def check_tree(table: TableConfig, out: Path) -> CodeVersion:

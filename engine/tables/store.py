@@ -21,6 +21,7 @@ import shutil
 from pathlib import Path
 
 from core.errors import UserError
+from core.provenance import REPO
 from engine.tables.config import TableConfig
 from engine.tables.production import JOBS_FILE
 
@@ -70,6 +71,11 @@ def merge_jobs(store: Path, out: Path) -> None:
     for folder in (out, store):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / JOBS_FILE).write_text(text)
+
+
+def store_path(table: TableConfig) -> Path:
+    """table.store as a path (a relative one is the repository's)."""
+    return REPO / str(table.store)
 
 
 def store_identity(table: TableConfig) -> dict[str, object]:
