@@ -134,6 +134,22 @@ def test_batch_rule_in_table_md_and_the_figure_against_workers(tmp_path: Path) -
     assert [p.name for p in made] == ["workers.png"] and made[0].stat().st_size > 10_000
 
 
+
+def test_twelve_rows_each_get_their_own_look_in_the_figures() -> None:
+    """workers_cpu has 12 methods: past matplotlib's 10-colour default cycle two would share a
+    colour (asgd drawn as local SGD); every row gets its own colour and line, stable by order."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from engine.tables.plots import row_styles
+
+    names = [f"m{i}" for i in range(45)]
+    styles = row_styles(plt, names)
+    looks = {(tuple(s["color"]), s["fmt"]) for s in styles.values()}
+    assert len(looks) == 45
+    assert len({tuple(styles[n]["color"]) for n in names[:12]}) == 12
+    assert row_styles(plt, names[:3])["m2"] == styles["m2"]
+
 def test_a_workers_table_runs_on_forked_ranks_and_resumes(cli_env: dict, tmp_path: Path) -> None:
     conf = tmp_path / "conf" / "table"
     conf.mkdir(parents=True)

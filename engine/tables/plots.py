@@ -159,6 +159,13 @@ def _label(metric: str) -> str:
             "val_loss": "validation loss"}.get(metric, metric.replace("_", " "))
 
 
+def row_styles(plt: Any, names: list[str]) -> dict[str, dict[str, Any]]:
+    """A colour and line per row, the same in every panel: tab20's 20 colours, then dashed, then
+    dotted, so that past matplotlib's 10-colour default cycle no two rows share a look."""
+    palette = plt.get_cmap("tab20")
+    return {n: {"color": palette(i % 20), "fmt": "o" + ["-", "--", ":"][i // 20 % 3]} for i, n in enumerate(names)}
+
+
 def _accuracy_figure(plt: Any, table: Any, metrics: dict[str, list[list[dict[str, Any]]]]) -> Any:
     """The headline metric against step and against communicated bytes, one row of panels per
     variant (IID and skewed data are different problems), the legend beside them."""
@@ -168,10 +175,7 @@ def _accuracy_figure(plt: Any, table: Any, metrics: dict[str, list[list[dict[str
     variants = variants_in(list(metrics))
     fig, axes = plt.subplots(len(variants), 2, figsize=(14, 4.2 * len(variants)), squeeze=False)
     seeds = f" (mean of {len(table.seeds)} seeds, 95% t)" if len(table.seeds) > 1 else ""
-    # a row keeps its colour and line in every panel; 20 colours, then dashed, then dotted
-    names = list(dict.fromkeys(row_of(label) for label in metrics))
-    palette = plt.get_cmap("tab20")
-    styles = {n: {"color": palette(i % 20), "fmt": "o" + ["-", "--", ":"][i // 20 % 3]} for i, n in enumerate(names)}
+    styles = row_styles(plt, list(dict.fromkeys(row_of(label) for label in metrics)))
     for n, ((by_step, by_bytes), variant) in enumerate(zip(axes, variants)):
         for label, runs in metrics.items():
             curve = eval_curve(runs, metric) if variant_of(label) == variant else []
@@ -187,7 +191,7 @@ def _accuracy_figure(plt: Any, table: Any, metrics: dict[str, list[list[dict[str
         by_bytes.set(xlabel="communicated MB (all ranks)", ylabel=f"{_label(metric)}{name}", xscale="symlog", **limits)
         if n == 0 and by_step.get_legend_handles_labels()[0]:  # (one legend: the rows are the same below)
             by_bytes.legend(*by_step.get_legend_handles_labels(), fontsize=7, loc="upper left",
-                            bbox_to_anchor=(1.02, 1.0), ncol=1 + len(names) // 30)
+                            bbox_to_anchor=(1.02, 1.0), ncol=1 + len(styles) // 30)
     _suptitle(fig, table)
     fig.tight_layout()
     return fig
@@ -352,16 +356,17 @@ def _workers_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> Any:
                              layout="constrained")
     bars = " (mean, 95% interval over seeds)" if len(table.seeds) > 1 else ""
     handles: dict[str, Any] = {}
+    styles = row_styles(plt, list(dict.fromkeys(row_of(r["series"]) for r in records if r.get("x") is not None)))
     for row, variant in enumerate(variants):
         acc_ax, bytes_ax = axes[row]
         for name, points in workers_series(records, metric, variant).items():
             err = list(zip(*(clipped_error(m, h, low, high) for _, m, h in points)))
-            line = acc_ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=err, fmt="o-", ms=3,
-                                   capsize=2, label=name)
+            line = acc_ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=err, ms=3,
+                                   capsize=2, label=name, **styles[name])
             handles.setdefault(name, line)
         for name, points in workers_series(records, "comm_bytes", variant).items():
             bytes_ax.errorbar([p[0] for p in points], [max(p[1] / 1e6, 1e-3) for p in points],
-                              yerr=[p[2] / 1e6 for p in points], fmt="o-", ms=3, capsize=2, label=name)
+                              yerr=[p[2] / 1e6 for p in points], ms=3, capsize=2, label=name, **styles[name])
         where = f" ({variant})" if variant else ""
         acc_ax.set(xscale="log", xlabel=table.x_label or "training workers", ylabel=f"final {_label(metric)}" + bars)
         acc_ax.set_title(f"{_label(metric)} against workers{where}", fontsize=9)
