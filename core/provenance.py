@@ -6,11 +6,15 @@ records the commit and the dirty flag of the checkout it started from (summary.j
 
 "Dirty" counts tracked changes and untracked files git does not ignore: an untracked recipe or
 module changes what a run does as much as an edited one. Paths under `ignore` (a table's own output
-folder, when it lies inside the checkout) do not count. Outside a git checkout, or without git,
+folder, when it lies inside the checkout) do not count, nor do those named in OUTPUT_FOLDERS_ENV: a
+table sets it for its runs, so that a run whose table writes its run folder or store inside the
+checkout records the same dirty flag as the table's jobs.jsonl, not one raised by the table's own
+output. Outside a git checkout, or without git,
 both are None: unknown, which the callers say rather than guess.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,6 +22,8 @@ from pathlib import Path
 from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
+# folders (os.pathsep-separated) a table writes inside the checkout: not dirt (the module doc)
+OUTPUT_FOLDERS_ENV = "SYNCOPT_OUTPUT_FOLDERS"
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,8 @@ def code_version(repo: Path = REPO, ignore: Sequence[Path] = ()) -> CodeVersion:
     status = _git(repo, "status", "--porcelain", "--untracked-files=all")
     if status is None:
         return CodeVersion(head.strip(), None)
-    folders = [Path(p).resolve() for p in ignore]
+    named = [p for p in os.environ.get(OUTPUT_FOLDERS_ENV, "").split(os.pathsep) if p]
+    folders = [Path(p).resolve() for p in [*ignore, *named]]
     changed = tuple(p for p in (line[3:].strip().strip('"') for line in status.splitlines() if line.strip())
                     if not _under(p.split(" -> ")[-1], folders, repo))
     return CodeVersion(head.strip(), bool(changed), changed)

@@ -10,6 +10,7 @@ import calendar
 import csv
 import json
 import math
+import os
 import statistics
 import subprocess
 from pathlib import Path
@@ -329,8 +330,9 @@ def _git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
 
 
-def test_the_code_version_probe_sees_commits_edits_and_untracked_files(tmp_path: Path) -> None:
-    from core.provenance import code_version
+def test_the_code_version_probe_sees_commits_edits_and_untracked_files(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from core.provenance import OUTPUT_FOLDERS_ENV, code_version
 
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -346,6 +348,13 @@ def test_the_code_version_probe_sees_commits_edits_and_untracked_files(tmp_path:
     (repo / "out" / "row").mkdir(parents=True)
     (repo / "out" / "row" / "summary.json").write_text("{}")  # a table's own folder inside the checkout
     assert code_version(repo).dirty and not code_version(repo, ignore=[repo / "out"]).dirty
+    # a table's runs are told its folders (run folder, store) through the environment: a run then
+    # records the dirty flag its table's jobs.jsonl does, not one raised by the table's own output
+    monkeypatch.setenv(OUTPUT_FOLDERS_ENV, os.pathsep.join([str(tmp_path / "elsewhere"), str(repo / "out")]))
+    assert not code_version(repo).dirty
+    (repo / "b.py").write_text("y = 1\n")
+    assert code_version(repo).changed == ("b.py",)
+    monkeypatch.delenv(OUTPUT_FOLDERS_ENV)
     assert code_version(tmp_path / "not_a_repo") .commit is None
 
 
@@ -407,7 +416,7 @@ def test_a_table_store_carries_finished_runs_to_a_fresh_run_folder(tmp_path: Pat
     made: list[str] = []
     accs = {"base": [0.9, 0.91, 0.92], "b": [0.88, 0.9, 0.9]}
 
-    def run_row(args: list[str], run_dir: Any, timeout: Any) -> tuple[str, float]:
+    def run_row(args: list[str], run_dir: Any, timeout: Any, *_: Any) -> tuple[str, float]:
         label, seed = run_dir.root.parent.name, int(run_dir.root.name.removeprefix("seed_"))
         made.append(f"{label} {seed}")
         _write_run(run_dir, _summary(accs[label][seed - 1], commit="e" * 40), [{"step": 10, "test_acc": 0.5}])

@@ -272,7 +272,7 @@ def test_a_long_table_says_how_long_it_has_left(tmp_path: Path, monkeypatch: Any
     runs[0].summary.write_text("{}")
     seconds = iter([600.0, 1200.0])
 
-    def run_row(args: list[str], run_dir: Any, timeout: Any) -> tuple[str, float]:
+    def run_row(args: list[str], run_dir: Any, timeout: Any, *_: Any) -> tuple[str, float]:
         run_dir.root.mkdir(parents=True)
         run_dir.summary.write_text("{}")
         return "done", next(seconds)

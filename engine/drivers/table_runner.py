@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
@@ -31,7 +32,7 @@ from hydra import compose
 from omegaconf import DictConfig
 
 from core.errors import UserError
-from core.provenance import code_version
+from core.provenance import OUTPUT_FOLDERS_ENV, code_version
 from core.rundir import RunDir
 from data.sets import DATASETS
 from engine.config import load_run_config
@@ -106,8 +107,10 @@ def check_seeded_runs(out: Path) -> None:
                             f"move that run away")
 
 
-def run_row(args: list[str], run_dir: RunDir, timeout: Optional[float]) -> tuple[str, float]:
-    """Run one row as a cli.py job; returns (status, seconds). Output goes to the row's run.log."""
+def run_row(args: list[str], run_dir: RunDir, timeout: Optional[float],
+            output_folders: Sequence[Path] = ()) -> tuple[str, float]:
+    """Run one row as a cli.py job; returns (status, seconds). Output goes to the row's run.log.
+    `output_folders` (the table's run folder and store) are not dirt to the run's provenance."""
     run_dir.root.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with open(run_dir.row_log, "a") as log:
@@ -115,7 +118,8 @@ def run_row(args: list[str], run_dir: RunDir, timeout: Optional[float]) -> tuple
         log.flush()
         try:
             proc = subprocess.run([sys.executable, str(REPO / "cli.py"), *args, "train.progress=false"],
-                                  stdout=log, stderr=subprocess.STDOUT, cwd=REPO, timeout=timeout)
+                                  stdout=log, stderr=subprocess.STDOUT, cwd=REPO, timeout=timeout,
+                                  env={**os.environ, OUTPUT_FOLDERS_ENV: os.pathsep.join(map(str, output_folders))})
             code = proc.returncode
         except subprocess.TimeoutExpired:
             code = -1
@@ -164,7 +168,8 @@ def _run_jobs(table: TableConfig, jobs: list[tuple[str, list[str], RunDir]], pha
         verb = "resuming" if run_dir.checkpoints.exists() else "running"
         print(f"{tag}: {verb} ({run_dir.root})", flush=True)
         load_before = os.getloadavg()
-        state, seconds = run_row(args, run_dir, table.row_timeout_s)
+        state, seconds = run_row(args, run_dir, table.row_timeout_s,
+                                 table_folders(table, out) if out is not None else ())
         status[name] = state
         record = JobRecord(name, phase, state, round(seconds, 1), time.time(), ())
         records.append(record)
