@@ -9,8 +9,8 @@ module changes what a run does as much as an edited one. Paths under `ignore` (a
 folder, when it lies inside the checkout) do not count, nor do those named in OUTPUT_FOLDERS_ENV: a
 table sets it for its runs, so that a run whose table writes its run folder or store inside the
 checkout records the same dirty flag as the table's jobs.jsonl, not one raised by the table's own
-output. Outside a git checkout, or without git,
-both are None: unknown, which the callers say rather than guess.
+output. Outside a git checkout, or without git, both are None: unknown, which the callers say
+rather than guess.
 """
 from __future__ import annotations
 

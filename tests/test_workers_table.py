@@ -134,7 +134,6 @@ def test_batch_rule_in_table_md_and_the_figure_against_workers(tmp_path: Path) -
     assert [p.name for p in made] == ["workers.png"] and made[0].stat().st_size > 10_000
 
 
-
 def test_twelve_rows_each_get_their_own_look_in_the_figures() -> None:
     """workers_cpu has 12 methods: past matplotlib's 10-colour default cycle two would share a
     colour (asgd drawn as local SGD); every row gets its own colour and line, stable by order."""
@@ -149,6 +148,7 @@ def test_twelve_rows_each_get_their_own_look_in_the_figures() -> None:
     assert len(looks) == 45
     assert len({tuple(styles[n]["color"]) for n in names[:12]}) == 12
     assert row_styles(plt, names[:3])["m2"] == styles["m2"]
+
 
 def test_a_workers_table_runs_on_forked_ranks_and_resumes(cli_env: dict, tmp_path: Path) -> None:
     conf = tmp_path / "conf" / "table"

@@ -107,6 +107,12 @@ def check_seeded_runs(out: Path) -> None:
                             f"move that run away")
 
 
+def job_env(output_folders: Sequence[Path]) -> dict[str, str]:
+    """A table job's environment: this one, with the table's run folder and store named as not
+    dirt to the job's provenance (core/provenance.py), however the job is started."""
+    return {**os.environ, OUTPUT_FOLDERS_ENV: os.pathsep.join(map(str, output_folders))}
+
+
 def run_row(args: list[str], run_dir: RunDir, timeout: Optional[float],
             output_folders: Sequence[Path] = ()) -> tuple[str, float]:
     """Run one row as a cli.py job; returns (status, seconds). Output goes to the row's run.log.
@@ -119,7 +125,7 @@ def run_row(args: list[str], run_dir: RunDir, timeout: Optional[float],
         try:
             proc = subprocess.run([sys.executable, str(REPO / "cli.py"), *args, "train.progress=false"],
                                   stdout=log, stderr=subprocess.STDOUT, cwd=REPO, timeout=timeout,
-                                  env={**os.environ, OUTPUT_FOLDERS_ENV: os.pathsep.join(map(str, output_folders))})
+                                  env=job_env(output_folders))
             code = proc.returncode
         except subprocess.TimeoutExpired:
             code = -1
@@ -137,7 +143,7 @@ def submit_slurm(table: TableConfig, out: Path) -> None:
                f"seed={seeds}", f"hydra.sweep.dir={out / row.label}", "hydra.sweep.subdir=seed_${seed}",
                "train.progress=false"]
         print(f"submitting {row.label}: {' '.join(cmd[2:])}", flush=True)
-        subprocess.run(cmd, cwd=REPO, check=False)
+        subprocess.run(cmd, cwd=REPO, check=False, env=job_env(table_folders(table, out)))
 
 
 def _log_job(table: TableConfig, out: Path, record: dict[str, object]) -> None:
@@ -158,6 +164,7 @@ def _run_jobs(table: TableConfig, jobs: list[tuple[str, list[str], RunDir]], pha
     status: dict[str, str] = {}
     records = read_jobs(out / JOBS_FILE)[0] if out is not None else []  # for the time-left estimate
     to_make = [not r.summary.exists() for _, _, r in jobs]  # as at the start: for the runs-left count
+    output_folders = table_folders(table, out) if out is not None else []  # not dirt to the runs' provenance
     for i, (name, args, run_dir) in enumerate(jobs, 1):
         tag = f"[{phase} {i}/{len(jobs)}] {name}"
         if run_dir.summary.exists():
@@ -168,8 +175,7 @@ def _run_jobs(table: TableConfig, jobs: list[tuple[str, list[str], RunDir]], pha
         verb = "resuming" if run_dir.checkpoints.exists() else "running"
         print(f"{tag}: {verb} ({run_dir.root})", flush=True)
         load_before = os.getloadavg()
-        state, seconds = run_row(args, run_dir, table.row_timeout_s,
-                                 table_folders(table, out) if out is not None else ())
+        state, seconds = run_row(args, run_dir, table.row_timeout_s, output_folders)
         status[name] = state
         record = JobRecord(name, phase, state, round(seconds, 1), time.time(), ())
         records.append(record)

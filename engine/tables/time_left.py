@@ -5,9 +5,9 @@ rows from 4 to 64 workers, and a run at 64 takes twenty times one at 4 here, so 
 runs one sitting had made said 8.4 hours where about 16 were left (2026-11-26). A remaining run
 is estimated from the made runs most like it: the same row label (its other seeds, its other
 tuning settings), else the same row under another variant (`<row>@iid` for `<row>@dir0.1`),
-else the runs at the same worker count (`.w64` in a workers table), else all made runs. The made runs are read from the table's
-jobs.jsonl, so the estimate also uses the sittings before this one; a run made over several
-sittings (paused, resumed) counts its pieces together.
+else the runs at the same worker count (`.w64` in a workers table), else all made runs. The made
+runs are read from the table's jobs.jsonl, so the estimate also uses the sittings before this one;
+a run made over several sittings (paused, resumed) counts its pieces together.
 """
 from __future__ import annotations
 
