@@ -44,7 +44,9 @@ def test_consensus_distance_and_scores_of_three_workers() -> None:
     assert spread.consensus_distance == pytest.approx(math.sqrt((8 + 2 + 18) / 3))
     assert spread.mean_norm == pytest.approx(2 * math.sqrt(2))
     assert spread.relative(2) == pytest.approx(1.5)
-    assert not spread.bn_averaged
+    assert not spread.bn_averaged and not spread.notes
+    same = measure_spread(7, {0: linear(1.0), 1: linear(1.0)}, [0, 1], lambda: nn.Linear(2, 1), lambda m: {})
+    assert same.consensus_distance == 0 and "identical weights at step 7" in same.notes[0]
     with pytest.raises(ValueError, match=r"\[4\]"):
         measure_spread(7, states, [0, 4], lambda: nn.Linear(2, 1), lambda m: {})
 

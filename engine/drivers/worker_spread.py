@@ -86,6 +86,10 @@ def spread_of_run(path: Path, step: Optional[int] = None) -> tuple[Spread, str]:
             states[rank] = plain_state_dict(saved["model"])
     spread = measure_spread(manifest.step, states, list(layout.train), lambda: build_model(config.model, spec).float(),
                             score)
+    if spread.consensus_distance == 0 and len(spread.train_ranks) > 1:
+        earlier = [m.step for m in complete_checkpoints(run_dir) if m.step < spread.step]
+        spread.notes.append(f"checkpoints before it: {', '.join(map(str, sorted(earlier)))} (step=N)" if earlier
+                            else "the run kept no earlier checkpoint (checkpoint.keep_last)")
     if spread.bn_averaged:
         spread.notes.append("the model has BatchNorm: the mean's running statistics are the workers' averaged, "
                             "not re-estimated as the plugins' average evaluation does")

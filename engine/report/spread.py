@@ -107,5 +107,10 @@ def measure_spread(step: int, states: Mapping[int, State], train_ranks: Sequence
     workers = [states[r] for r in train_ranks]
     mean = mean_state(workers)
     distance = dict(zip(train_ranks, distances_from(workers, mean, params)))
-    return Spread(step=step, train_ranks=list(train_ranks), per_rank=per_rank, mean=scored(mean),
-                  distance=distance, mean_norm=norm_of(mean, params), bn_averaged=has_stats)
+    spread = Spread(step=step, train_ranks=list(train_ranks), per_rank=per_rank, mean=scored(mean),
+                    distance=distance, mean_norm=norm_of(mean, params), bn_averaged=has_stats)
+    if len(train_ranks) > 1 and spread.consensus_distance == 0:
+        spread.notes.append(f"the training ranks hold identical weights at step {step}: a synchronisation at this "
+                            "step, or a plugin that ends on an average (D-PSGD, SGP, local SGD, DiLoCo); an earlier "
+                            "checkpoint shows how far apart they were")
+    return spread
