@@ -89,7 +89,7 @@ def spread_of_run(path: Path, step: Optional[int] = None) -> tuple[Spread, str]:
     if spread.consensus_distance == 0 and len(spread.train_ranks) > 1:
         earlier = [m.step for m in complete_checkpoints(run_dir) if m.step < spread.step]
         spread.notes.append(f"checkpoints before it: {', '.join(map(str, sorted(earlier)))} (step=N)" if earlier
-                            else "the run kept no earlier checkpoint (checkpoint.keep_last)")
+                            else "the run kept no earlier checkpoint (checkpoint.every_* and keep_last decide which)")
     if spread.bn_averaged:
         spread.notes.append("the model has BatchNorm: the mean's running statistics are the workers' averaged, "
                             "not re-estimated as the plugins' average evaluation does")
