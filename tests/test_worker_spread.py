@@ -92,4 +92,5 @@ def test_a_folder_that_is_no_run_is_refused_in_one_line(cli_env: dict, tmp_path:
     cmd = subprocess.run([sys.executable, "-m", "engine.drivers.worker_spread", f"run={tmp_path}"],
                          capture_output=True, text=True, env=cli_env, cwd=REPO, timeout=300)
     assert cmd.returncode == 2
-    assert cmd.stderr.strip() == f"worker_spread: error: run={tmp_path} has no config.yaml: give the directory of a syncopt run"
+    assert cmd.stderr.strip() == (f"worker_spread: error: run={tmp_path} has no config.yaml: "
+                                  "give the directory of a syncopt run")
