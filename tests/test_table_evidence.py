@@ -451,6 +451,13 @@ def test_a_table_store_carries_finished_runs_to_a_fresh_run_folder(tmp_path: Pat
     lines = (store / "jobs.jsonl").read_text().splitlines()
     assert len(lines) == 7 == len(set(lines)) and (tmp_path / "three" / "jobs.jsonl").read_text().splitlines() == lines
 
+    # a run finished in the folder but never carried (its runner paused between the run's end and
+    # the copy) is carried at the next start, not made again
+    shutil.rmtree(store / "b" / "seed_2")
+    assert runner.run_table(table, tmp_path / "three") == 0
+    assert made == ["b 3"] and (store / "b" / "seed_2" / "summary.json").is_file()
+    assert "b seed 2: already complete (carried into table.store now" in capsys.readouterr().out
+
     # the store belongs to this table in this form: another table, or the quick form, is refused
     for other in (_table([{"label": "base"}], name="t2", store=str(store)),
                   _table([{"label": "base"}], store=str(store), quick=True)):

@@ -44,7 +44,7 @@ from engine.tables.production import JOBS_FILE, JobRecord, production_lines, rea
 from engine.tables.provenance import check_tree, mixed_notice, provenance_lines, table_folders
 from engine.tables.render import collect, render_markdown, write_csv
 from engine.tables.runs import EVALUATED_ON, Summary, read_runs, split_fact, write_runs_csv
-from engine.tables.store import append_job, restore, save_run, store_identity, store_path
+from engine.tables.store import append_job, carry_if_missing, restore, save_run, store_identity, store_path
 from engine.tables.time_left import made_runs, time_left_text
 from engine.tables.tuning import (Setting, TunePolicy, Tuned, choose, extend_grid, grid_settings, row_seeds,
                                   setting_name, setting_overrides, stale_setting, tune_dir)
@@ -169,7 +169,9 @@ def _run_jobs(table: TableConfig, jobs: list[tuple[str, list[str], RunDir]], pha
         tag = f"[{phase} {i}/{len(jobs)}] {name}"
         if run_dir.summary.exists():
             status[name] = "done"
-            print(f"{tag}: already complete", flush=True)
+            carried = out is not None and table.store and carry_if_missing(store_path(table), out, run_dir.root)
+            print(f"{tag}: already complete" + (" (carried into table.store now: its runner stopped before)"
+                                                if carried else ""), flush=True)
             continue
         version = check_tree(table, out) if out is not None else code_version()
         verb = "resuming" if run_dir.checkpoints.exists() else "running"

@@ -53,6 +53,15 @@ def save_run(store: Path, out: Path, run_root: Path) -> None:
     copy_record(run_root, store / run_root.relative_to(out))
 
 
+def carry_if_missing(store: Path, out: Path, run_root: Path) -> bool:
+    """Carry a finished run the store lacks: its runner was stopped (a pause) between the run's
+    end and the copy, and the next start finds it complete in `out`. True when it carried it."""
+    if (store / run_root.relative_to(out) / "summary.json").is_file():
+        return False
+    save_run(store, out, run_root)
+    return True
+
+
 def _job_lines(path: Path) -> list[str]:
     return [line for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
