@@ -21,6 +21,7 @@ storage) and the tools that read results (tables, tests). Its layout:
     logs/deepspeed_env     the environment exported to pdsh-started nodes
     checkpoints/step_<8 digits>/rank_<r>.pt, manifest.json
     checkpoints/best.json
+    spread/step_<8 digits>.json  a checkpoint's workers read by `python -m engine.drivers.worker_spread`
 """
 from __future__ import annotations
 
@@ -65,6 +66,9 @@ class RunDir:
     @property
     def stop_request(self) -> Path:
         return self.root / "stop_request"
+
+    def spread_record(self, step: int) -> Path:
+        return self.root / "spread" / f"step_{step:08d}.json"
 
     @property
     def lock(self) -> Path:

@@ -37,9 +37,9 @@ from models import build_model
 PREFIX = "worker_spread"
 
 
-def pick_checkpoint(run_dir: RunDir, step: Optional[int]) -> Manifest:
-    """The newest complete checkpoint, or the one at `step`; one line when there is none."""
-    found = complete_checkpoints(run_dir)
+def pick_checkpoint(run_dir: RunDir, found: list[Manifest], step: Optional[int]) -> Manifest:
+    """Among the run's complete checkpoints `found` (newest first), the newest, or the one at
+    `step`; one line when there is none."""
     if not found:
         raise UserError(f"run={run_dir.root} has no complete checkpoint (checkpoints/step_*/manifest.json); "
                         "give a run directory that trained with checkpointing on")
@@ -61,7 +61,8 @@ def spread_of_run(path: Path, step: Optional[int] = None) -> tuple[Spread, str]:
     if not run_dir.config.is_file():
         raise UserError(f"run={path} has no config.yaml: give the directory of a syncopt run")
     config = load_run_config(OmegaConf.load(run_dir.config))
-    manifest = pick_checkpoint(run_dir, step)
+    found = complete_checkpoints(run_dir)
+    manifest = pick_checkpoint(run_dir, found, step)
     layout = get_algorithm(config.algo.name).layout(config.algo, manifest.world_size)
     check_data_on_disk(config.data)
     spec = data_spec(config.data)
@@ -87,7 +88,7 @@ def spread_of_run(path: Path, step: Optional[int] = None) -> tuple[Spread, str]:
     spread = measure_spread(manifest.step, states, list(layout.train), lambda: build_model(config.model, spec).float(),
                             score)
     if spread.consensus_distance == 0 and len(spread.train_ranks) > 1:
-        earlier = [m.step for m in complete_checkpoints(run_dir) if m.step < spread.step]
+        earlier = [m.step for m in found if m.step < spread.step]
         spread.notes.append(f"checkpoints before it: {', '.join(map(str, sorted(earlier)))} (step=N)" if earlier
                             else "the run kept no earlier checkpoint (checkpoint.every_* and keep_last decide which)")
     if spread.bn_averaged:
@@ -129,7 +130,7 @@ def main(cfg: DictConfig) -> None:
         if cfg.run is None:
             raise UserError("run=RUN_DIR is required: the directory of a syncopt run with checkpoints")
         spread, headline = spread_of_run(Path(cfg.run), None if cfg.step is None else int(cfg.step))
-        out = RunDir(Path(cfg.run)).root / "spread" / f"step_{spread.step:08d}.json"
+        out = RunDir(Path(cfg.run)).spread_record(spread.step)
         out.parent.mkdir(exist_ok=True)
         out.write_text(json.dumps(spread.as_dict(), indent=1) + "\n")
         sys.stdout.write(render(spread, headline))

@@ -5,9 +5,11 @@ one, its run folder (hydra.run.dir) gone with the last. With `table.store` set, 
 each finished run's record (RECORD_FILES: what the table reads from a run, never its checkpoints)
 into PATH, in the run folder's layout, as the run finishes, and appends the run's jobs.jsonl line
 there too. When the table starts it puts back into its run folder every finished run PATH holds
-that the folder lacks, and merges the two jobs.jsonl. Commit PATH (e.g. docs/results/NAME/store)
-and a later checkout resumes the table where the last one stopped, every run keeping the commit it
-was made at. PATH is left out of the dirty-tree check, as the run folder is.
+that the folder lacks, and merges the two jobs.jsonl; a run the folder holds finished but PATH
+lacks (its runner stopped between the run's end and the copy) is carried when the runner reaches
+it. Commit PATH (e.g. docs/results/NAME/store) and a later checkout resumes the table where the
+last one stopped, every run keeping the commit it was made at. PATH is left out of the dirty-tree
+check, as the run folder is.
 
 A run in progress is not carried (a checkpoint is megabytes per rank): it starts again there. A
 store belongs to one table in one form (STORE_FILE records its name and whether it is the quick
