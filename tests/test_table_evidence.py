@@ -491,6 +491,14 @@ def test_gather_only_shows_the_rows_made_so_far_and_runs_nothing(tmp_path: Path,
     assert "Rows with some seeds made (not shown): c (1 of 3)." in markdown
     assert "Rows not yet started (1): d." in markdown and not (tmp_path / "d").exists()
 
+    # once every run is made, gathering gives the finished table: every row, not called partial
+    _reported(tmp_path, "c", [0.5, 0.5, 0.51])
+    _reported(tmp_path, "d", [0.7, 0.72, 0.7])
+    assert runner.run_table(_table(rows, gather_only=True), tmp_path) == 0
+    assert [r["label"] for r in _csv(tmp_path / "table.csv")] == ["base", "b", "c", "d"]
+    markdown = (tmp_path / "table.md").read_text()
+    assert not markdown.startswith("# Partial") and "reported runs made;" not in markdown
+
 
 def test_a_run_and_a_tables_jobs_record_their_commit(cli_env: dict, tmp_path: Path) -> None:
     """Through cli.py: summary.json has the checkout's commit and dirty flag; jobs.jsonl and

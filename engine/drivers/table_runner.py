@@ -282,10 +282,14 @@ def _pending(table: TableConfig, out: Path) -> bool:
 
 def made_so_far(table: TableConfig, out: Path) -> tuple[TableConfig, list[str]]:
     """table.gather_only: the table cut to the rows whose every seed is made (its comparisons, the
-    Holm family and the plots are those rows'), and table.md's lines saying what is left out."""
+    Holm family and the plots are those rows'), and table.md's lines saying what is left out; none
+    when every run is made, so that gathering a finished store gives the finished table, not a
+    "Partial" one with the same rows and corrections."""
     made = {r.label: sum(row_dir(out, r, s).summary.exists() for s in table.seeds) for r in table.rows}
     n = len(table.seeds)
     done = [r for r in table.rows if made[r.label] == n]
+    if len(done) == len(table.rows):
+        return table, []
     started = [f"{label} ({k} of {n})" for label, k in made.items() if 0 < k < n]
     left = [label for label, k in made.items() if k == 0]
     lines = [f"**Partial** (table.gather_only=true): {sum(made.values())} of {len(table.rows) * n} reported runs "
