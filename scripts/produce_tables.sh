@@ -41,7 +41,7 @@ loop() {
                  "${head:0:7} (TABLES=$t $SELF start)"
             continue
         fi
-        echo "$(date -u +%FT%TZ) start $t at $(git rev-parse --short HEAD)"
+        echo "$(date -u +%FT%TZ) start $t at ${head:0:7}"
         rc=0
         "$PY" cli.py "table=$t" "hydra.run.dir=$DIR/$t" "table.store=$(store "$t")" >> "$DIR/$t.log" 2>&1 || rc=$?
         echo "$(date -u +%FT%TZ) end $t rc=$rc"
