@@ -20,6 +20,12 @@
 #                                       runner against a bare loop (bf16, compiled); then the suite without the
 #                                       GPU tests on 10 xdist workers in the background while the foreground runs
 #                                       DiLoCo's GPT on 8 ranks sharing the GPU and the GPU tests; logs in $OUT
+#   bench/gpu_session.sh dali_round SECONDS   the fourth session's main call (issue 36), cut at SECONDS, on a warm
+#                                       machine that holds .whl's install and DALI's first pieces: the last piece;
+#                                       DALI installed; on the quiet machine ResNet-50 through DALI against its
+#                                       ceiling; then the suite without the GPU tests on 10 xdist workers in the
+#                                       background while the foreground runs DiLoCo on 4 ranks sharing the GPU
+#                                       through DALI and the GPU tests (DALI's decoding included); logs in $OUT
 #   bench/gpu_session.sh shard K N      shard K of N of the test files (by size, round robin) on 12 xdist workers,
 #                                       each test limited to 300 s; names of failures and errors in $OUT/shard_K.log
 #
@@ -46,6 +52,16 @@ install_site() {
   fi
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, hydra, deepspeed, wandb, torchft; print('torch', torch.__version__, torch.cuda.get_device_name(0))"
+}
+
+install_dali() {
+  # the pieces are one xz tar of DALI installed for Python 3.12 (bench/gpu_wheels.sh --dali); tarfile with
+  # the 'data' filter: nothing in it is written outside /tmp/site
+  [[ -d /tmp/site/nvidia/dali ]] && return 0
+  cat /root/dali/part_* > /root/dali.tar.xz || return 1
+  python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall('/tmp/site', filter='data')" /root/dali.tar.xz \
+    || return 1
+  python3 -c "import nvidia.dali as d; print('dali', d.__version__)"
 }
 
 case "${1:-}" in
@@ -94,6 +110,26 @@ case "${1:-}" in
     grep -oE "(FAILED|ERROR) tests/[^ ]+" "$OUT/suite.log" | awk '{print $2}' | sort -u | tee "$OUT/suite_failed.txt" | head -40
     cp "$OUT/suite_failed.txt" /root/ ;;
   piece) piece ;;
+  dali_round)
+    limit=${2:?seconds}; t0=$SECONDS
+    left() { echo $(( limit - (SECONDS - t0) - ${1:-0} )); }
+    [[ -d /tmp/site/hydra ]] || { echo "a cold machine: .whl's install is gone (run install and piece first)"; exit 1; }
+    piece >/dev/null; install_dali || exit 1
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    timeout 150 python3 bench/throughput.py --data imagenet --pipelines dali --model resnet50 --batch 256 \
+      --train-images 12800 --workers 14 --warmup 10 --steps 30 --log-every 5 2>&1 | tee "$OUT/throughput_dali.log" | tail -5
+    echo "measured by $((SECONDS - t0)) s"
+    (timeout --signal=INT "$(left 12)" python3 -m pytest -p no:cacheprovider -v -rfEs -n 10 --timeout 240 \
+       -m "not gpu" tests > "$OUT/suite.log" 2>&1 &)
+    timeout "$(left 30)" python3 bench/gpu_checks.py --only dali_shared 2>&1 | tee "$OUT/dali_shared.log" | tail -2
+    timeout --signal=INT "$(left 20)" python3 -m pytest -p no:cacheprovider -v -rfEs -n 3 --timeout 400 -m gpu \
+      tests/test_gpu.py tests/test_prefetch.py > "$OUT/gpu_tests.log" 2>&1
+    grep -E "(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/gpu_tests.log" | tail -25
+    while pgrep -f "pytest.*not gpu" >/dev/null && (( $(left 8) > 0 )); do sleep 2; done; sleep 3
+    grep -E "(passed|failed).* in [0-9.]+s" "$OUT/suite.log" | tail -1
+    echo "suite: $(grep -c " PASSED" "$OUT/suite.log") passed, $(grep -c " SKIPPED" "$OUT/suite.log") skipped"
+    grep -oE "(FAILED|ERROR) tests/[^ ]+" "$OUT/suite.log" | awk '{print $2}' | sort -u | tee "$OUT/suite_failed.txt" | head -40
+    cp "$OUT/suite_failed.txt" /root/ ;;
   checks)
     piece
     python3 bench/gpu_checks.py --only shared,workers 2>&1 | tee "$OUT/checks.log"
@@ -110,10 +146,7 @@ case "${1:-}" in
     python3 bench/gpu_checks.py --only wall,compile 2>&1 | tee "$OUT/gpu_checks_wall_compile.log" ;;
   dali)
     piece
-    cat /root/dali/part_* > /root/dali.tar && mkdir -p /root/daliwhl && tar xf /root/dali.tar -C /root/daliwhl \
-      && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site /root/daliwhl/*.whl \
-      || exit 1
-    python3 -c "import nvidia.dali as d; print('dali', d.__version__)"
+    install_dali || exit 1
     python3 -m pytest -p no:cacheprovider -q -rfEs -k "dali" tests 2>&1 | tee "$OUT/dali_tests.log" | tail -15
     python3 bench/throughput.py --data imagenet --pipelines dali --model resnet50 --batch 256 --train-images 12800 \
       --workers 14 --warmup 10 --steps 30 --log-every 5 2>&1 | tee "$OUT/throughput_dali.log" | tail -6

@@ -6,9 +6,15 @@
 # bench/gpu_session.sh installs them there with --no-deps into /tmp/site.
 #
 #   bench/gpu_wheels.sh          # then: run(carry=[".whl"], command="bench/gpu_session.sh ...")
-#   bench/gpu_wheels.sh --dali   # also DALI and its needs, as one tar cut into pieces of at most 48 MiB
-#                                # in .dali0/, .dali1/, ...: one piece per call (carry=[".whl", ".daliK"],
-#                                # command="bench/gpu_session.sh piece"), then `bench/gpu_session.sh dali`
+#   bench/gpu_wheels.sh --dali   # also DALI and its needs, installed here for the GPU machine's Python
+#                                # (pip --target), packed as one xz tar and cut into .dali0/ (26 MiB, to
+#                                # travel with .whl) and .dali1/, .dali2/, ... (56 MiB each, alone): one
+#                                # piece per call (`bench/gpu_session.sh piece`); the call that holds the
+#                                # last piece installs them (`bench/gpu_session.sh dali` or `dali_round`)
+#
+# Why unpacked and xz: DALI's wheels are 252 MB of deflate; installed, less the Python bindings of the
+# eight other Python versions, they are 521 MB, which xz packs into 178 MB (170 MiB). With the
+# repository (6 MiB once docs/results' stores stay behind: docs/gpu.md) that is four calls in all.
 #
 # DeepSpeed and antlr4 publish no wheel: both are built here as pure-Python wheels (DeepSpeed
 # without any compiled op: the GPU machine JIT-builds none, and the runner needs none there).
@@ -36,11 +42,15 @@ dspecs=(); for p in "${DALI[@]}"; do dspecs+=("$p==$(pin "$p")"); done
 tmp=$(mktemp -d)
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   "${PLAT[@]}" --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any -d "$tmp/whl" "${dspecs[@]}"
-tar cf "$tmp/dali.tar" -C "$tmp/whl" .
-rm -rf .dali[0-9]* && (cd "$tmp" && split -b 48m dali.tar part_)
-k=0; for part in "$tmp"/part_*; do
-  mkdir -p ".dali$k" && mv "$part" ".dali$k/"
-  grep -qx "/.dali$k/" .git/info/exclude || echo "/.dali$k/" >> .git/info/exclude
+"$PY" -m pip install -q --no-deps --no-index --no-compile --only-binary=:all: --python-version 3.12 --implementation cp \
+  "${PLAT[@]}" --platform manylinux2014_x86_64 --platform any --target "$tmp/site" "$tmp"/whl/*.whl
+find "$tmp/site" -name "*.cpython-3*" ! -name "*cpython-312*" -delete   # the bindings of the other Pythons
+tar cf - -C "$tmp/site" . | xz -T0 -6 > "$tmp/dali.tar.xz"
+rm -rf .dali[0-9]* && mkdir -p .dali0 && head -c $((26 * 1048576)) "$tmp/dali.tar.xz" > .dali0/part_0
+(cd "$tmp" && tail -c +$((26 * 1048576 + 1)) dali.tar.xz | split -b 56m -d -a 1 - part_)
+k=1; for part in "$tmp"/part_*; do
+  mkdir -p ".dali$k" && mv "$part" ".dali$k/part_$k"
   k=$((k + 1))
 done
+for d in .dali[0-9]*; do grep -qx "/$d/" .git/info/exclude || echo "/$d/" >> .git/info/exclude; done
 rm -rf "$tmp"; ls -d .dali[0-9]*; du -ch .dali[0-9]* | tail -1

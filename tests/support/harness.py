@@ -5,7 +5,9 @@ torch.distributed (gloo, a fresh TCP store) with the same environment a launcher
 CPU unless the test asks for `device="auto"` (so the suite runs alike on a GPU machine; an
 `env` with LOCAL_SIZE below the world size lays the ranks out over several nodes), call
 `fn(rank, world_size, *args)`, and return each rank's result (anything torch.save can write).
-A rank that raises fails the test with its traceback; a hang fails it after `timeout` seconds.
+A rank that raises fails the test with its traceback; a hang fails it after `timeout` seconds,
+with the Python stacks of every thread of the hung ranks and of the processes they started
+(loader workers, say), so that a hang seen only on another machine names where it waits.
 
 `compose(overrides)` builds a validated `RunConfig` exactly as cli.py would, for trainer runs
 inside those ranks (`train_in_rank`).
@@ -14,7 +16,9 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import signal
 import tempfile
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
@@ -29,10 +33,12 @@ CONF = REPO / "conf"
 
 
 def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, args: tuple,
-           env: dict[str, str], device: str, timeout: float = 120.0) -> None:
-    # a rank still running just before run_ranks gives up on it prints every thread's stack: a
-    # hang seen only on another machine (the loader-worker resume on an H100) names itself
-    faulthandler.dump_traceback_later(max(timeout - 5.0, 1.0), exit=False)
+           env: dict[str, str], device: str) -> None:
+    # SIGUSR2 writes every thread's stack to a file run_ranks reads when it gives up on the rank.
+    # The handler and the open file survive fork, so the processes this rank forks (loader
+    # workers) answer it too, into the same file. (SIGUSR1 is the trainer's stop request.)
+    stacks = open(Path(out_dir) / f"rank_{rank}.stacks", "a")
+    faulthandler.register(STACKS_SIGNAL, file=stacks, all_threads=True)
     local_size = int(env.pop("LOCAL_SIZE", world_size))  # fewer than world_size: several "nodes"
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                        "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank % local_size),
@@ -51,6 +57,47 @@ def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, ar
     except BaseException:  # report, do not hang the others
         torch.save({"ok": False, "error": traceback.format_exc()}, out)
         os._exit(1)
+
+
+#: the signal at which a test rank, and every process it forked, writes its threads' stacks
+STACKS_SIGNAL = signal.SIGUSR2
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (from /proc), children before grandchildren."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # the command name in field 2 may hold spaces and parentheses: read past its last ')'
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        parents.setdefault(ppid, []).append(int(entry.name))
+    found, frontier = [], [pid]
+    while frontier:
+        frontier = [c for p in frontier for c in parents.get(p, [])]
+        found += frontier
+    return found
+
+
+def _stacks_of_hung(procs: list[Any], hung: list[int], out_dir: str, limit: int = 12000) -> str:
+    """Asks each hung rank and its descendants for their stacks (`STACKS_SIGNAL`) and returns
+    what they wrote, the end of each rank's file where it is long."""
+    for r in hung:
+        for pid in [procs[r].pid, *_descendants(procs[r].pid)]:
+            try:
+                os.kill(pid, STACKS_SIGNAL)
+            except ProcessLookupError:
+                pass
+    time.sleep(1.0)  # the handlers write at once; this is for a loaded machine's scheduler
+    text = []
+    for r in hung:
+        path = Path(out_dir) / f"rank_{r}.stacks"
+        dump = path.read_text(errors="replace") if path.exists() else ""
+        text.append(f"--- rank {r} and the processes it started ---\n{dump[-limit:] or '(nothing written)'}")
+    return "\n".join(text)
 
 
 _CTX = None
@@ -77,21 +124,29 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 120.0,
     with tempfile.TemporaryDirectory() as tmp:
         ctx = _context()
         port = free_port()
-        procs = [ctx.Process(target=_entry, args=(r, world_size, port, tmp, fn, args, dict(env or {}), device, timeout))
+        procs = [ctx.Process(target=_entry, args=(r, world_size, port, tmp, fn, args, dict(env or {}), device))
                  for r in range(world_size)]
         for p in procs:
             p.start()
+        deadline = time.monotonic() + timeout  # one limit for all ranks, not one each
         for p in procs:
-            p.join(timeout)
+            p.join(max(deadline - time.monotonic(), 0.0))
         hung = [r for r, p in enumerate(procs) if p.is_alive()]
+        stacks = _stacks_of_hung(procs, hung, tmp) if hung else ""
         for p in procs:
             if p.is_alive():
+                for pid in _descendants(p.pid):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
                 p.kill()
         results = []
         for r in range(world_size):
             path = Path(tmp) / f"rank_{r}.pt"
             if not path.exists():
-                raise AssertionError(f"rank {r} produced no result" + (f" (hung after {timeout}s: ranks {hung})" if hung else ""))
+                raise AssertionError(f"rank {r} produced no result" + (
+                    f" (hung after {timeout}s: ranks {hung}); their stacks:\n{stacks}" if hung else ""))
             got = torch.load(path, weights_only=False)
             if not got["ok"]:
                 raise AssertionError(f"rank {r} failed:\n{got['error']}")
