@@ -28,6 +28,10 @@ def _rank_waits_for_its_worker(rank: int, world: int, tmp: str) -> None:
     worker.join()
 
 
+def _ready(rank: int, world: int) -> int:
+    return rank
+
+
 def _state(pid: int) -> str:
     """The process's state letter, or '' when it is gone."""
     try:
@@ -37,6 +41,9 @@ def _state(pid: int) -> str:
 
 
 def test_a_hang_fails_with_the_stacks_of_the_ranks_and_their_workers(tmp_path: Path) -> None:
+    # the forkserver's first start imports torch and the project (tens of seconds on a loaded
+    # machine): paid here, so that the 20 s below are the hung ranks' alone
+    assert run_ranks(_ready, 2, timeout=300) == [0, 1]
     with pytest.raises(AssertionError) as failure:
         run_ranks(_rank_waits_for_its_worker, 2, str(tmp_path), timeout=20)
     message = str(failure.value)
