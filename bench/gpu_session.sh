@@ -64,6 +64,27 @@ install_dali() {
   python3 -c "import nvidia.dali as d; print('dali', d.__version__)"
 }
 
+# seconds left of a round's `limit` (from its start, t0), less a margin
+left() { echo $(( limit - (SECONDS - t0) - ${1:-0} )); }
+
+# A round's second half: the suite without the GPU tests on 10 xdist workers in the background,
+# while the foreground runs gpu_checks.py's check $1 and then the GPU tests; the suite's outcome,
+# its failures named in $OUT/suite_failed.txt (and /root, for `rerun`). Each part ends before the
+# round's limit.
+suite_beside() {
+  (timeout --signal=INT "$(left 12)" python3 -m pytest -p no:cacheprovider -v -rfEs -n 10 --timeout 240 \
+     -m "not gpu" tests > "$OUT/suite.log" 2>&1 &)
+  timeout "$(left 30)" python3 bench/gpu_checks.py --only "$1" 2>&1 | tee "$OUT/$1.log" | tail -2
+  timeout --signal=INT "$(left 20)" python3 -m pytest -p no:cacheprovider -v -rfEs -n 3 --timeout 400 -m gpu \
+    tests/test_gpu.py tests/test_prefetch.py > "$OUT/gpu_tests.log" 2>&1
+  grep -E "(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/gpu_tests.log" | tail -25
+  while pgrep -f "pytest.*not gpu" >/dev/null && (( $(left 8) > 0 )); do sleep 2; done; sleep 3
+  grep -E "(passed|failed).* in [0-9.]+s" "$OUT/suite.log" | tail -1
+  echo "suite: $(grep -c " PASSED" "$OUT/suite.log") passed, $(grep -c " SKIPPED" "$OUT/suite.log") skipped"
+  grep -oE "(FAILED|ERROR) tests/[^ ]+" "$OUT/suite.log" | awk '{print $2}' | sort -u | tee "$OUT/suite_failed.txt" | head -40
+  cp "$OUT/suite_failed.txt" /root/
+}
+
 case "${1:-}" in
   install) install_site ;;
   suite)
@@ -91,45 +112,23 @@ case "${1:-}" in
     sleep 20; tail -3 /root/suite.log ;;
   round)
     limit=${2:?seconds}; t0=$SECONDS
-    left() { echo $(( limit - (SECONDS - t0) - ${1:-0} )); }
     install_site || exit 1
     timeout 150 python3 bench/throughput.py --model resnet18 --batch 512 --pipelines device --train-images 50000 \
       --workers 8 --warmup 10 --steps 60 --log-every 10 2>&1 | tee "$OUT/throughput_cifar.log" | tail -4
     timeout 170 python3 bench/task_throughput.py --tasks lm --device cuda --lm-recipe lm/shakespeare_gpu --compile \
       --rounds 1 --warmup 20 --steps 100 --log-every 20 2>&1 | tee "$OUT/lm_throughput.log" | tail -5
     echo "measured by $((SECONDS - t0)) s"
-    (timeout --signal=INT "$(left 10)" python3 -m pytest -p no:cacheprovider -v -rfEs -n 10 --timeout 240 \
-       -m "not gpu" tests > "$OUT/suite.log" 2>&1 &)
-    timeout "$(left 20)" python3 bench/gpu_checks.py --only lm_shared 2>&1 | tee "$OUT/lm_shared.log" | tail -2
-    timeout --signal=INT "$(left 15)" python3 -m pytest -p no:cacheprovider -v -rfEs -n 3 --timeout 400 -m gpu \
-      tests/test_gpu.py tests/test_prefetch.py > "$OUT/gpu_tests.log" 2>&1
-    grep -E "(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/gpu_tests.log" | tail -25
-    while pgrep -f "pytest.*not gpu" >/dev/null && (( $(left 8) > 0 )); do sleep 2; done; sleep 3
-    grep -E "(passed|failed).* in [0-9.]+s" "$OUT/suite.log" | tail -1
-    echo "suite: $(grep -c " PASSED" "$OUT/suite.log") passed, $(grep -c " SKIPPED" "$OUT/suite.log") skipped"
-    grep -oE "(FAILED|ERROR) tests/[^ ]+" "$OUT/suite.log" | awk '{print $2}' | sort -u | tee "$OUT/suite_failed.txt" | head -40
-    cp "$OUT/suite_failed.txt" /root/ ;;
+    suite_beside lm_shared ;;
   piece) piece ;;
   dali_round)
     limit=${2:?seconds}; t0=$SECONDS
-    left() { echo $(( limit - (SECONDS - t0) - ${1:-0} )); }
     [[ -d /tmp/site/hydra ]] || { echo "a cold machine: .whl's install is gone (run install and piece first)"; exit 1; }
     piece >/dev/null; install_dali || exit 1
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     timeout 150 python3 bench/throughput.py --data imagenet --pipelines dali --model resnet50 --batch 256 \
       --train-images 12800 --workers 14 --warmup 10 --steps 30 --log-every 5 2>&1 | tee "$OUT/throughput_dali.log" | tail -5
     echo "measured by $((SECONDS - t0)) s"
-    (timeout --signal=INT "$(left 12)" python3 -m pytest -p no:cacheprovider -v -rfEs -n 10 --timeout 240 \
-       -m "not gpu" tests > "$OUT/suite.log" 2>&1 &)
-    timeout "$(left 30)" python3 bench/gpu_checks.py --only dali_shared 2>&1 | tee "$OUT/dali_shared.log" | tail -2
-    timeout --signal=INT "$(left 20)" python3 -m pytest -p no:cacheprovider -v -rfEs -n 3 --timeout 400 -m gpu \
-      tests/test_gpu.py tests/test_prefetch.py > "$OUT/gpu_tests.log" 2>&1
-    grep -E "(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/gpu_tests.log" | tail -25
-    while pgrep -f "pytest.*not gpu" >/dev/null && (( $(left 8) > 0 )); do sleep 2; done; sleep 3
-    grep -E "(passed|failed).* in [0-9.]+s" "$OUT/suite.log" | tail -1
-    echo "suite: $(grep -c " PASSED" "$OUT/suite.log") passed, $(grep -c " SKIPPED" "$OUT/suite.log") skipped"
-    grep -oE "(FAILED|ERROR) tests/[^ ]+" "$OUT/suite.log" | awk '{print $2}' | sort -u | tee "$OUT/suite_failed.txt" | head -40
-    cp "$OUT/suite_failed.txt" /root/ ;;
+    suite_beside dali_shared ;;
   checks)
     piece
     python3 bench/gpu_checks.py --only shared,workers 2>&1 | tee "$OUT/checks.log"
@@ -159,5 +158,5 @@ case "${1:-}" in
     mapfile -t files < <(ls -S tests/test_*.py | awk -v k="$k" -v n="$n" '(NR - 1) % n == k')
     python3 -m pytest -p no:cacheprovider -q -rfE -n 12 --timeout 300 "${files[@]}" 2>&1 \
       | tee "$OUT/shard_$k.log" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -40 ;;
-  *) sed -n 2,20p "$0"; exit 2 ;;
+  *) sed -n "2,/^set -uo/{/^#/p}" "$0"; exit 2 ;;
 esac
