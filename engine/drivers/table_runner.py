@@ -36,6 +36,7 @@ from core.provenance import OUTPUT_FOLDERS_ENV, code_version
 from core.rundir import RunDir
 from data.sets import DATASETS
 from engine.config import load_run_config
+from engine.tables.across import across_lines, read_verdicts
 from engine.tables.compare import n_examples
 from engine.tables.config import (RowConfig, SplitSeeds, TableConfig, TableLauncher, headline, load_table, row_args,
                                   row_dir, row_grid, tie_direction, tie_seeds)
@@ -372,9 +373,11 @@ def write_table(table: TableConfig, out: Path, status: dict[tuple[str, int], str
     n_test = n_examples(table, gathered.runs, [r.label for r in table.rows], table.compare_metric)
     tuning_runs = tuning_summaries(table, out, tuned)
     finished = sum(len(by_seed) for found in (gathered.runs, tuning_runs) for by_seed in found.values())
+    against = (across_lines(table.compare_metric, read_verdicts(gathered.records, headline(table).better)[0],
+                            table.compare_with) if table.compare_with else None)
     markdown = render_markdown(table, gathered.records, tuned, failed_tuning, gathered.family,
                                provenance_lines(table, version, gathered.runs, tuning_runs)
-                               + production_lines(out / JOBS_FILE, finished), n_test, partial)
+                               + production_lines(out / JOBS_FILE, finished), n_test, partial, against)
     (out / "table.md").write_text(markdown)
     write_csv(out / "table.csv", gathered.records)
     write_runs_csv(out / "runs.csv", table, gathered.runs)

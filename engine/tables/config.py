@@ -150,6 +150,10 @@ class TableConfig(Section):
     # declared comparisons [a, b] (a - b, paired where they pair); a label without @variant is
     # compared under every variant. Corrected with the rest of the table's comparisons (Holm)
     comparisons: list[list[str]] = field(default_factory=list)
+    # other tasks' tables to set this one's verdicts beside (engine/tables/across.py): a table name ->
+    # {this table's variant: that table's variant}, read from docs/results/<name>/table.csv when
+    # this table is gathered (a table not produced yet is named as such)
+    compare_with: dict[str, dict[str, str]] = field(default_factory=dict)
     # whether every seed draws its own validation and test sets (per_seed) or all share one
     split_seeds: SplitSeeds = SplitSeeds.per_table
     # a difference to resolve: table.md prints the seeds each variant would need for it
@@ -187,6 +191,7 @@ class TableConfig(Section):
 
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+TABLE_CONFIGS = Path(__file__).resolve().parents[2] / "conf" / "table"
 CPU_RECIPES = RECIPES / "cpu"  # every algorithm's own CPU recipe on the default digits task
 TASK_FILE = "_task.yaml"  # in recipes/cpu_<task>/: the task those files put cpu/'s methods on
 
@@ -385,6 +390,13 @@ def _check_protocol(table: TableConfig) -> None:
     if table.interaction_from is not None and table.interaction_from not in table.variants:
         raise UserError(f"table {table.name}: interaction_from={table.interaction_from} is not a variant "
                         f"({', '.join(table.variants) or 'the table has none'})")
+    for other, variants in table.compare_with.items():
+        if not (TABLE_CONFIGS / f"{other}.yaml").exists():
+            raise UserError(f"table {table.name}: compare_with names {other}, which is not a table (conf/table/)")
+        for mine in variants:
+            if mine not in table.variants:
+                raise UserError(f"table {table.name}: compare_with.{other} maps {mine}, which is not a variant "
+                                f"({', '.join(table.variants) or 'the table has none'})")
     labels = {r.label for r in table.rows}
     for pair in table.comparisons:
         if len(pair) != 2:

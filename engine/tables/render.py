@@ -353,7 +353,7 @@ def _declared_lines(table: TableConfig, family: Family) -> list[str]:
 def render_markdown(table: TableConfig, records: list[dict[str, Any]], tuned: Optional[dict[str, Tuned]] = None,
                     failed_tuning: Optional[list[str]] = None, family: Optional[Family] = None,
                     provenance: Optional[list[str]] = None, test_examples: Optional[int] = None,
-                    partial: Optional[list[str]] = None) -> str:
+                    partial: Optional[list[str]] = None, against: Optional[list[str]] = None) -> str:
     per_row = any(r.baseline for r in table.rows)  # rows with their own baseline: name it per row
     base = "baseline" if per_row else table.baseline
     has_base = per_row or table.baseline is not None
@@ -409,6 +409,8 @@ def render_markdown(table: TableConfig, records: list[dict[str, Any]], tuned: Op
     if family and diff_col and family.comparisons:
         lines += ["", *_resolution_lines(table, family), *_comparison_lines(table, family),
                   *_interaction_lines(table, family), *_declared_lines(table, family)]
+    if against:
+        lines += ["", *against]
     if tuned:
         lines += ["", *_tuning_lines(table, tuned, failed_tuning or [])]
     if provenance:
