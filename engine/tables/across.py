@@ -16,8 +16,10 @@ them, and this module computes both from the tables' own table.csv:
   noise, a tau near 0 says the orders are unrelated *or* unresolved, and the per-row verdicts say
   which.
 
-A table's record without Holm's columns (made before the protocol had them) is read by its
-uncorrected interval and says so.
+A table made before the protocol had Holm's correction is read from its re-reading under the
+protocol where its folder has one (`table_reread.csv`: digits' head-to-head,
+docs/results/head_to_head_cpu/reread.py); otherwise by its uncorrected intervals, and the section
+says so.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from engine.tables.measure import Better, implied_direction, sign
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "results"  # where produced tables are kept
+REREAD = "table_reread.csv"  # an older table's comparisons read again under the protocol
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class OtherTable:
     metric: str
     corrected: bool  # its intervals and resolutions are Holm's
     verdicts: dict[tuple[str, str], Verdict]  # (series, variant) ->
+    source: str  # the file read
 
 
 def _float(value: Any) -> Optional[float]:
@@ -97,15 +101,16 @@ def table_direction(name: str, configs: Path = TABLE_CONFIGS) -> tuple[str, Bett
 
 
 def read_other(name: str, results: Path = RESULTS, configs: Path = TABLE_CONFIGS) -> Optional[OtherTable]:
-    """Table `name` as produced in `results/<name>/table.csv` (None while it is not)."""
-    path = results / name / "table.csv"
-    if not path.exists():
+    """Table `name` as produced in `results/<name>/`: its re-reading under the protocol
+    (table_reread.csv) where there is one, else its table.csv (None while there is neither)."""
+    path = next((p for p in (results / name / REREAD, results / name / "table.csv") if p.exists()), None)
+    if path is None:
         return None
     metric, better = table_direction(name, configs)
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
     verdicts, corrected = read_verdicts(rows, better)
-    return OtherTable(name, metric, corrected, verdicts)
+    return OtherTable(name, metric, corrected, verdicts, path.name)
 
 
 def agreement(here: Verdict, there: Verdict) -> str:
@@ -189,6 +194,8 @@ def across_lines(metric: str, here: dict[tuple[str, str], Verdict], compare_with
             lines += [f"- **{name}**: not produced yet (no {shown}).", ""]
             continue
         note = "" if other.corrected else " (its record predates Holm's correction: uncorrected intervals)"
+        if other.source == REREAD:
+            note = f" (its comparisons re-read under the protocol: {REREAD})"
         lines += [f"### Against {name} ({other.metric}){note}", "",
                   "| here | there | rows in both | agree | disagree | here only | there only | neither | tau-b |",
                   "|---|---|---|---|---|---|---|---|---|"]

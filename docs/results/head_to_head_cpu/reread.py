@@ -8,6 +8,11 @@ interval (half-width / t(0.975, 2)) and a Welch row's from the two rows' publish
 deviations over 3 seeds.
 
     .venv/bin/python docs/results/head_to_head_cpu/reread.py
+
+It also writes table_reread.csv: each comparison as a table made under the protocol records it
+(`diff`, the Holm-level interval `diff_low_holm`/`diff_high_holm`, `diff_p`, `diff_p_holm`,
+`diff_resolved`), which the other tasks' head-to-heads read when they set their rows beside this
+one (`table.compare_with`, engine/tables/across.py).
 """
 from __future__ import annotations
 
@@ -47,6 +52,19 @@ def comparisons() -> list[tuple[str, Difference]]:
     return found
 
 
+def write_reread(found: list[tuple[str, Difference]], pvalues: list[float]) -> None:
+    fields = ["label", "series", "status", "diff", "diff_low_holm", "diff_high_holm", "diff_level", "diff_method",
+              "diff_p", "diff_p_holm", "diff_resolved"]
+    with open(HERE / "table_reread.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        for (label, d), p, adjusted, level in zip(found, pvalues, holm(pvalues), holm_levels(pvalues)):
+            low, high = d.interval(1 - level)
+            writer.writerow({"label": label, "series": label.split("@")[0], "status": "ok", "diff": d.mean,
+                             "diff_low_holm": low, "diff_high_holm": high, "diff_level": level, "diff_method": d.method,
+                             "diff_p": p, "diff_p_holm": adjusted, "diff_resolved": adjusted < 0.05})
+
+
 def main() -> None:
     found = comparisons()
     pvalues = [d.p_value for _, d in found]
@@ -56,6 +74,7 @@ def main() -> None:
         low, high = d.interval()
         print(f"{label:28s} {d.method:6s} {d.mean:+.4f} [{low:+.4f}, {high:+.4f}] p {p:.4f} Holm {adjusted:.4f} "
               f"{'*' if adjusted < 0.05 else ' '}{'+' if low > 0 or high < 0 else ' '}")
+    write_reread(found, pvalues)
     m = len(found)
     for variant in ("iid", "dir0.1"):
         sd = statistics.median(d.se_seed * math.sqrt(SEEDS) for label, d in found
