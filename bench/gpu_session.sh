@@ -12,8 +12,10 @@
 #   bench/gpu_session.sh dali           join and install DALI; its tests; bench/throughput.py DALI/ResNet-50 at 224;
 #                                       DiLoCo on 4 ranks sharing the GPU through DALI (gpu_checks dali_shared)
 #   bench/gpu_session.sh gpu            the GPU tests (pytest -m gpu tests/test_gpu.py), failures named in $OUT/gpu_tests.log
-#   bench/gpu_session.sh suite SECONDS  the whole suite on 8 xdist workers (-v; each test limited to 300 s), cut at
-#                                       SECONDS; the node ids that failed in $OUT/suite_failed.txt
+#   bench/gpu_session.sh suite SECONDS [WORKERS]  the whole suite on WORKERS (8) xdist workers (-v; each test
+#                                       limited to 300 s), cut at SECONDS; the node ids that failed in $OUT/suite_failed.txt
+#   bench/gpu_session.sh open [SECONDS] install; the tests earlier sessions left open (the loader-worker resume on the
+#                                       GPU, fault-tolerant QSR against its plain twin), alone, cut at SECONDS (250)
 #   bench/gpu_session.sh rerun SECONDS  those node ids again, serially, to tell load-caused failures from GPU-caused
 #   bench/gpu_session.sh round SECONDS  the third session's one call (issue 36), cut at SECONDS: install; on the
 #                                       quiet machine ResNet-18's device pipeline against its ceiling and the GPT's
@@ -26,7 +28,8 @@
 #                                       ceiling; then the suite without the GPU tests on 10 xdist workers in the
 #                                       background while the foreground runs DiLoCo on 4 ranks sharing the GPU
 #                                       through DALI and the GPU tests (DALI's decoding included); logs in $OUT
-#   bench/gpu_session.sh shard K N      shard K of N of the test files (by size, round robin) on 12 xdist workers,
+#   bench/gpu_session.sh shard K N [SECONDS]  shard K of N of the test files, tests/compress/ included (by size,
+#                                       round robin), without the GPU tests, on 12 xdist workers, cut at SECONDS (540),
 #                                       each test limited to 300 s; names of failures and errors in $OUT/shard_K.log
 #
 # The last session's lessons: the machine goes back after 30 s idle (a background suite is lost with it),
@@ -90,7 +93,7 @@ case "${1:-}" in
   suite)
     limit=${2:?seconds}
     # -v: each test's outcome is printed as it ends, so a cut run still names its failures
-    timeout --signal=INT "$limit" python3 -m pytest -p no:cacheprovider -v -rfEs -n 8 --timeout 300 tests 2>&1 \
+    timeout --signal=INT "$limit" python3 -m pytest -p no:cacheprovider -v -rfEs -n "${3:-8}" --timeout 300 tests 2>&1 \
       > "$OUT/suite.log"
     grep -E "(passed|failed).* in [0-9.]+s" "$OUT/suite.log" | tail -1
     grep -oE "(FAILED|ERROR) tests/[^ ]+" "$OUT/suite.log" | awk '{print $2}' | sort -u > "$OUT/suite_failed.txt"
@@ -120,6 +123,13 @@ case "${1:-}" in
     echo "measured by $((SECONDS - t0)) s"
     suite_beside lm_shared ;;
   piece) piece ;;
+  open)
+    # the tests earlier sessions left open, alone: each passes, or its failure carries the ranks' stacks
+    install_site || exit 1
+    timeout --signal=INT "${2:-250}" python3 -m pytest -p no:cacheprovider -v -rfEs -n 2 --timeout 240 \
+      tests/test_gpu.py::test_resume_with_loader_workers_on_the_gpu_is_identical \
+      tests/test_ft.py::test_without_failures_fault_tolerant_qsr_equals_the_plain_run > "$OUT/open_tests.log" 2>&1
+    grep -E "(PASSED|FAILED|ERROR)|passed|failed" "$OUT/open_tests.log" | tail -8 ;;
   dali_round)
     limit=${2:?seconds}; t0=$SECONDS
     [[ -d /tmp/site/hydra ]] || { echo "a cold machine: .whl's install is gone (run install and piece first)"; exit 1; }
@@ -155,8 +165,14 @@ case "${1:-}" in
       | tee "$OUT/gpu_tests.log" | tail -20 ;;
   shard)
     k=${2:?shard index}; n=${3:?shard count}
-    mapfile -t files < <(ls -S tests/test_*.py | awk -v k="$k" -v n="$n" '(NR - 1) % n == k')
-    python3 -m pytest -p no:cacheprovider -q -rfE -n 12 --timeout 300 "${files[@]}" 2>&1 \
-      | tee "$OUT/shard_$k.log" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -40 ;;
+    # every test file, tests/compress/ included, largest first, dealt round robin
+    mapfile -t files < <(find tests -name 'test_*.py' -printf '%s %p\n' | sort -rn | awk '{print $2}' \
+      | awk -v k="$k" -v n="$n" '(NR - 1) % n == k')
+    # -v: each outcome is printed as it ends, so a shard cut at SECONDS still names what it ran
+    timeout --signal=INT "${4:-540}" python3 -m pytest -p no:cacheprovider -v -rfEs -n 12 --timeout 300 -m "not gpu" \
+      "${files[@]}" > "$OUT/shard_$k.log" 2>&1
+    grep -E "(passed|failed).* in [0-9.]+s" "$OUT/shard_$k.log" | tail -1
+    echo "shard $k: $(grep -c " PASSED" "$OUT/shard_$k.log") passed, $(grep -c " SKIPPED" "$OUT/shard_$k.log") skipped"
+    grep -oE "(FAILED|ERROR) tests/[^ ]+" "$OUT/shard_$k.log" | awk '{print $2}' | sort -u | tee "$OUT/shard_${k}_failed.txt" ;;
   *) sed -n "2,/^set -uo/{/^#/p}" "$0"; exit 2 ;;
 esac
