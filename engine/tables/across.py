@@ -31,6 +31,7 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
+from core.errors import UserError
 from engine.tables.config import TABLE_CONFIGS
 from engine.tables.measure import Better, implied_direction, sign
 
@@ -90,13 +91,13 @@ def table_direction(name: str, configs: Path = TABLE_CONFIGS) -> tuple[str, Bett
     """The compared metric of table `name` and its direction, from its config (conf/table)."""
     path = configs / f"{name}.yaml"
     if not path.exists():
-        raise FileNotFoundError(f"table.compare_with names {name!r}, which has no config {path}")
+        raise UserError(f"table.compare_with names {name}, which has no config {path}")
     node = OmegaConf.load(path)
     metric = str(node.get("compare_metric", "test_acc"))
     stated = node.get("better")
     better = Better(stated) if stated else implied_direction(metric)
     if better is None:
-        raise ValueError(f"table {name}: the direction of {metric} is not implied by its name; set its `better`")
+        raise UserError(f"table {name}: the direction of {metric} is not implied by its name; set its `better`")
     return metric, better
 
 
