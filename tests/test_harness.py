@@ -42,12 +42,12 @@ def _state(pid: int) -> str:
 
 def test_a_hang_fails_with_the_stacks_of_the_ranks_and_their_workers(tmp_path: Path) -> None:
     # the forkserver's first start imports torch and the project (tens of seconds on a loaded
-    # machine): paid here, so that the 20 s below are the hung ranks' alone
+    # machine): paid here, so that the 30 s below are the hung ranks' alone
     assert run_ranks(_ready, 2, timeout=300) == [0, 1]
     with pytest.raises(AssertionError) as failure:
-        run_ranks(_rank_waits_for_its_worker, 2, str(tmp_path), timeout=20)
+        run_ranks(_rank_waits_for_its_worker, 2, str(tmp_path), timeout=30)
     message = str(failure.value)
-    assert "hung after 20" in message and "ranks [0, 1]" in message
+    assert "hung after 30" in message and "ranks [0, 1]" in message
     for rank in (0, 1):
         assert f"--- rank {rank} and the processes it started ---" in message
     # the ranks' frames and the forked workers' frames, from both ranks' files

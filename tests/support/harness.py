@@ -85,19 +85,27 @@ def _descendants(pid: int) -> list[int]:
 def _stacks_of_hung(procs: list[Any], hung: list[int], out_dir: str, limit: int = 12000) -> str:
     """Asks each hung rank and its descendants for their stacks (`STACKS_SIGNAL`) and returns
     what they wrote, the end of each rank's file where it is long."""
+    asked: dict[int, int] = {}
     for r in hung:
+        asked[r] = 0
         for pid in [procs[r].pid, *_descendants(procs[r].pid)]:
             try:
                 os.kill(pid, STACKS_SIGNAL)
+                asked[r] += 1
             except ProcessLookupError:
                 pass
-    time.sleep(1.0)  # the handlers write at once; this is for a loaded machine's scheduler
-    text = []
-    for r in hung:
-        path = Path(out_dir) / f"rank_{r}.stacks"
-        dump = path.read_text(errors="replace") if path.exists() else ""
-        text.append(f"--- rank {r} and the processes it started ---\n{dump[-limit:] or '(nothing written)'}")
-    return "\n".join(text)
+    paths = {r: Path(out_dir) / f"rank_{r}.stacks" for r in hung}
+
+    def read(r: int) -> str:
+        return paths[r].read_text(errors="replace") if paths[r].exists() else ""
+
+    # each process answers with one "Current thread" block: wait for all of them (a loaded
+    # machine may take a while to schedule them), at most 10 s
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline and any(read(r).count("Current thread") < n for r, n in asked.items()):
+        time.sleep(0.1)
+    return "\n".join(f"--- rank {r} and the processes it started ---\n{read(r)[-limit:] or '(nothing written)'}"
+                     for r in hung)
 
 
 _CTX = None
