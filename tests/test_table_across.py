@@ -105,6 +105,9 @@ def test_the_section_counts_each_verdict_and_lists_the_rows_that_say_something(t
     assert "| sgp | iid | iid | +0.0300 [+0.0100, +0.0500] | -0.0400 [-0.0700, -0.0100] | **disagree** |" in text
     assert "| dgc | iid | iid |" in text and "| qsgd |" not in text and "easgd" not in text
     assert "**absent**: not produced yet" in text
+    # a partial table with no finished row says so instead of a table of zeros
+    assert across_lines("test_acc", {}, {"lm": {"iid": "iid"}}, results, configs)[-2] == (
+        "No row of this table has a difference from its baseline yet.")
 
 
 def test_compare_with_must_name_a_table_and_this_tables_variants() -> None:

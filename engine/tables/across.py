@@ -187,6 +187,8 @@ def across_lines(metric: str, here: dict[tuple[str, str], Verdict], compare_with
              "`agree` / `disagree`: both tables resolve it (each by its own Holm correction) with the same / the "
              "opposite sign. Kendall's tau-b orders the methods by their mean differences in both tasks; it is "
              "descriptive, without an interval (engine/tables/across.py).", ""]
+    if not here:
+        return lines + ["No row of this table has a difference from its baseline yet.", ""]
     for name, variants in compare_with.items():
         other = read_other(name, results, configs)
         if other is None:
