@@ -42,6 +42,11 @@ mkdir -p "$OUT" /root/dali
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH  # (torchft_lighthouse: pip --target puts scripts there)
 export SYNCOPT_TESTS_WITHOUT_SYSTEM_PACKAGES=1  # no Debian registry there: SLURM, iproute2, ssh tests skip, naming it
 SUITE=/root/suite_repo
+# the two measurements against the compute ceiling (bench/throughput.py), as every session runs them
+CIFAR_CEILING=(--model resnet18 --batch 512 --pipelines device --train-images 50000 --workers 8 --warmup 10 --steps 60
+               --log-every 10)
+DALI_CEILING=(--data imagenet --pipelines dali --model resnet50 --batch 256 --train-images 12800 --workers 14
+              --warmup 10 --steps 30 --log-every 5)
 
 piece() {
   for d in .dali*/; do [[ -d $d ]] && cp -n "$d"* /root/dali/ 2>/dev/null; done
@@ -116,8 +121,7 @@ case "${1:-}" in
   round)
     limit=${2:?seconds}; t0=$SECONDS
     install_site || exit 1
-    timeout 150 python3 bench/throughput.py --model resnet18 --batch 512 --pipelines device --train-images 50000 \
-      --workers 8 --warmup 10 --steps 60 --log-every 10 2>&1 | tee "$OUT/throughput_cifar.log" | tail -4
+    timeout 150 python3 bench/throughput.py "${CIFAR_CEILING[@]}" 2>&1 | tee "$OUT/throughput_cifar.log" | tail -4
     timeout 170 python3 bench/task_throughput.py --tasks lm --device cuda --lm-recipe lm/shakespeare_gpu --compile \
       --rounds 1 --warmup 20 --steps 100 --log-every 20 2>&1 | tee "$OUT/lm_throughput.log" | tail -5
     echo "measured by $((SECONDS - t0)) s"
@@ -135,8 +139,7 @@ case "${1:-}" in
     [[ -d /tmp/site/hydra ]] || { echo "a cold machine: .whl's install is gone (run install and piece first)"; exit 1; }
     piece >/dev/null; install_dali || exit 1
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-    timeout 150 python3 bench/throughput.py --data imagenet --pipelines dali --model resnet50 --batch 256 \
-      --train-images 12800 --workers 14 --warmup 10 --steps 30 --log-every 5 2>&1 | tee "$OUT/throughput_dali.log" | tail -5
+    timeout 150 python3 bench/throughput.py "${DALI_CEILING[@]}" 2>&1 | tee "$OUT/throughput_dali.log" | tail -5
     echo "measured by $((SECONDS - t0)) s"
     suite_beside dali_shared ;;
   checks)
@@ -150,15 +153,13 @@ case "${1:-}" in
     grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" /root/suite.log | tail -60 ;;
   measure)
     piece
-    python3 bench/throughput.py --model resnet18 --batch 512 --pipelines device --train-images 50000 --workers 8 \
-      --warmup 10 --steps 60 --log-every 10 2>&1 | tee "$OUT/throughput_cifar.log" | tail -6
+    python3 bench/throughput.py "${CIFAR_CEILING[@]}" 2>&1 | tee "$OUT/throughput_cifar.log" | tail -6
     python3 bench/gpu_checks.py --only wall,compile 2>&1 | tee "$OUT/gpu_checks_wall_compile.log" ;;
   dali)
     piece
     install_dali || exit 1
     python3 -m pytest -p no:cacheprovider -q -rfEs -k "dali" tests 2>&1 | tee "$OUT/dali_tests.log" | tail -15
-    python3 bench/throughput.py --data imagenet --pipelines dali --model resnet50 --batch 256 --train-images 12800 \
-      --workers 14 --warmup 10 --steps 30 --log-every 5 2>&1 | tee "$OUT/throughput_dali.log" | tail -6
+    python3 bench/throughput.py "${DALI_CEILING[@]}" 2>&1 | tee "$OUT/throughput_dali.log" | tail -6
     python3 bench/gpu_checks.py --only dali_shared 2>&1 | tee "$OUT/dali_shared.log" | tail -2 ;;
   gpu)
     python3 -m pytest -p no:cacheprovider -q -rfEs -m gpu --timeout 400 tests/test_gpu.py 2>&1 \

@@ -56,6 +56,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from engine.launch.procs import descendants  # noqa: E402  (the repository is on the path from here on)
 
 JOBS = {
     "mnist1d": ["data=mnist1d", "model=mnist1d_cnn", "data.num_samples=70000", "data.test_fraction=0.142857142857",
@@ -85,14 +88,6 @@ def rank_pids(run_dir: Path) -> list[int]:
         except (OSError, ValueError, IndexError):
             pass
     return pids
-
-
-def descendants(pid: int) -> list[int]:
-    try:
-        kids = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-    return kids + [d for k in kids for d in descendants(k)]
 
 
 def cpu_seconds(pids: list[int]) -> float:

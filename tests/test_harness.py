@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.launch.procs import alive
 from tests.support.harness import run_ranks
 
 
@@ -32,14 +33,6 @@ def _ready(rank: int, world: int) -> int:
     return rank
 
 
-def _state(pid: int) -> str:
-    """The process's state letter, or '' when it is gone."""
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
-
-
 def test_a_hang_fails_with_the_stacks_of_the_ranks_and_their_workers(tmp_path: Path) -> None:
     # the forkserver's first start imports torch and the project (tens of seconds on a loaded
     # machine): paid here, so that the 30 s below are the hung ranks' alone
@@ -57,6 +50,6 @@ def test_a_hang_fails_with_the_stacks_of_the_ranks_and_their_workers(tmp_path: P
     for rank in (0, 1):
         pid = int((tmp_path / f"worker_{rank}.pid").read_text())
         deadline = time.monotonic() + 10
-        while _state(pid) not in ("", "Z") and time.monotonic() < deadline:
+        while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _state(pid) in ("", "Z"), f"the forked worker {pid} of rank {rank} still runs"
+        assert not alive(pid), f"the forked worker {pid} of rank {rank} still runs"

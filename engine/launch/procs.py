@@ -1,6 +1,6 @@
 """What /proc says about a process on this machine: whether it is alive, stopped, which program
-it runs, and when it started. One reader, for the rank watch, the run lock and the emulated
-network's owner records.
+it runs, when it started, and which processes it started. One reader, for the rank watch, the run
+lock, the emulated network's owner records, the test harness and the start-up bench.
 
 `/proc/<pid>/stat` holds the command name in parentheses, which may itself contain spaces and
 parentheses, so the fields are read after its last ")".
@@ -58,3 +58,19 @@ def runs_cli(pid: int) -> bool:
     except OSError:
         return False
     return any(arg.endswith(b"cli.py") for arg in cmdline)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid`, children before grandchildren. Read from every process's
+    parent field, so that children forked by any of its threads are found (a thread's
+    /proc/<pid>/task/<tid>/children lists only those that thread forked)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        fields = stat_fields(int(entry.name)) if entry.name.isdigit() else None
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, frontier = [], [pid]
+    while frontier:
+        frontier = [c for parent in frontier for c in children.get(parent, [])]
+        found += frontier
+    return found

@@ -31,9 +31,8 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
-from core.errors import UserError
-from engine.tables.config import TABLE_CONFIGS
-from engine.tables.measure import Better, implied_direction, sign
+from engine.tables.config import TABLE_CONFIGS, TableConfig, headline
+from engine.tables.measure import Better, sign
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "results"  # where produced tables are kept
@@ -88,17 +87,13 @@ def read_verdicts(rows: list[dict[str, Any]], better: Better) -> tuple[dict[tupl
 
 
 def table_direction(name: str, configs: Path = TABLE_CONFIGS) -> tuple[str, Better]:
-    """The compared metric of table `name` and its direction, from its config (conf/table)."""
-    path = configs / f"{name}.yaml"
-    if not path.exists():
-        raise UserError(f"table.compare_with names {name}, which has no config {path}")
-    node = OmegaConf.load(path)
-    metric = str(node.get("compare_metric", "test_acc"))
+    """The compared metric of table `name` and its direction, from its config (conf/table), by the
+    rule its own gather follows (`headline`)."""
+    node = OmegaConf.load(configs / f"{name}.yaml")
     stated = node.get("better")
-    better = Better(stated) if stated else implied_direction(metric)
-    if better is None:
-        raise UserError(f"table {name}: the direction of {metric} is not implied by its name; set its `better`")
-    return metric, better
+    other = TableConfig(name=name, compare_metric=str(node.get("compare_metric", "test_acc")),
+                        select_metric=str(node.get("select_metric", "val_acc")), better=Better(stated) if stated else None)
+    return other.compare_metric, headline(other).better
 
 
 def read_other(name: str, results: Path = RESULTS, configs: Path = TABLE_CONFIGS) -> Optional[OtherTable]:
@@ -204,10 +199,10 @@ def across_lines(metric: str, here: dict[tuple[str, str], Verdict], compare_with
                   "|---|---|---|---|---|---|---|---|---|"]
         found = pairings(here, other, variants)
         for p in found:
-            tau = "-" if p.tau is None else f"{p.tau:+.2f}"
+            shown = "-" if (tau := p.tau) is None else f"{tau:+.2f}"
             lines.append(f"| {p.here_variant} | {p.there_variant} | {len(p.rows)} | {p.count('agree')} | "
                          f"{p.count('**disagree**')} | {p.count('resolved here only')} | "
-                         f"{p.count('resolved there only')} | {p.count('neither resolved')} | {tau} |")
+                         f"{p.count('resolved there only')} | {p.count('neither resolved')} | {shown} |")
         detail = [(p, series, h, t) for p in found for series, h, t in p.rows if agreement(h, t) != "neither resolved"]
         if detail:
             lines += ["", "| row | here | there | difference here (95% CI) | there (95% CI) | verdict |",

@@ -27,6 +27,7 @@ import torch
 import torch.multiprocessing as mp
 
 from engine.launch.commands import free_port  # noqa: F401 - the tests' ports: below the ephemeral range
+from engine.launch.procs import descendants
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
@@ -63,37 +64,22 @@ def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, ar
 STACKS_SIGNAL = signal.SIGUSR2
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every live process below `pid` (from /proc), children before grandchildren."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+def _signal(pids: list[int], sig: int) -> int:
+    """Sends `sig` to each of `pids` that still exists; how many it reached."""
+    reached = 0
+    for pid in pids:
         try:
-            # the command name in field 2 may hold spaces and parentheses: read past its last ')'
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        parents.setdefault(ppid, []).append(int(entry.name))
-    found, frontier = [], [pid]
-    while frontier:
-        frontier = [c for p in frontier for c in parents.get(p, [])]
-        found += frontier
-    return found
+            os.kill(pid, sig)
+            reached += 1
+        except ProcessLookupError:
+            pass
+    return reached
 
 
 def _stacks_of_hung(procs: list[Any], hung: list[int], out_dir: str, limit: int = 12000) -> str:
     """Asks each hung rank and its descendants for their stacks (`STACKS_SIGNAL`) and returns
     what they wrote, the end of each rank's file where it is long."""
-    asked: dict[int, int] = {}
-    for r in hung:
-        asked[r] = 0
-        for pid in [procs[r].pid, *_descendants(procs[r].pid)]:
-            try:
-                os.kill(pid, STACKS_SIGNAL)
-                asked[r] += 1
-            except ProcessLookupError:
-                pass
+    asked = {r: _signal([procs[r].pid, *descendants(procs[r].pid)], STACKS_SIGNAL) for r in hung}
     paths = {r: Path(out_dir) / f"rank_{r}.stacks" for r in hung}
 
     def read(r: int) -> str:
@@ -143,11 +129,7 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 120.0,
         stacks = _stacks_of_hung(procs, hung, tmp) if hung else ""
         for p in procs:
             if p.is_alive():
-                for pid in _descendants(p.pid):
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                _signal(descendants(p.pid), signal.SIGKILL)
                 p.kill()
         results = []
         for r in range(world_size):
