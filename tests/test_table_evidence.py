@@ -500,6 +500,82 @@ def test_gather_only_shows_the_rows_made_so_far_and_runs_nothing(tmp_path: Path,
     assert not markdown.startswith("# Partial") and "reported runs made;" not in markdown
 
 
+def test_a_partial_gather_shows_every_finished_grid_and_leaves_the_store_as_it_was(tmp_path: Path,
+                                                                                  monkeypatch: Any) -> None:
+    """While a table is produced, table.gather_only shows the tuning of each row whose grid is
+    complete (its choice is final) though none of its reported runs is made yet, names the grids
+    still running, and writes nothing into the store it reads."""
+    from core.provenance import CodeVersion
+    from engine.drivers import table_runner as runner
+    from engine.tables import provenance
+    from engine.tables.tuning import tune_dir
+
+    clean = CodeVersion("e" * 40, False)
+    monkeypatch.setattr(provenance, "code_version", lambda ignore=(): clean)
+    monkeypatch.setattr(runner, "code_version", lambda ignore=(): clean)
+    monkeypatch.setattr(runner, "run_row", lambda *a, **k: pytest.fail("gather_only ran a job"))
+    store = tmp_path / "store"
+    for lr, acc in ((0.03, 0.90), (0.1, 0.95), (0.3, 0.60)):
+        for seed, shift in ((0, 0.0), (100, 0.01)):
+            _write_run(tune_dir(store, "a", (("optim.lr", lr),), seed), _summary(acc + shift, val_loss=1 - acc))
+    _write_run(tune_dir(store, "b", (("optim.lr", 0.03),), 0), _summary(0.9, val_loss=0.1))
+    (store / "jobs.jsonl").write_text(json.dumps({"job": "a optim.lr_0.03 seed 0", "ended": 1.0}) + "\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "jobs.jsonl").write_text(json.dumps({"job": "b optim.lr_0.1 seed 0", "ended": 2.0}) + "\n")
+    before = {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}
+    grid = {"optim.lr": [0.03, 0.1, 0.3]}
+    table = _table([{"label": "a", "tune": grid}, {"label": "b", "tune": grid}], baseline="a", tune_seeds=[0, 100],
+                   store=str(store), gather_only=True)
+    assert runner.run_table(table, out) == 0
+    markdown = (out / "table.md").read_text()
+    assert "the grids of 1 of 2 tuned rows are complete and shown under Tuning" in markdown
+    assert "Grids still running (not shown): b (1 of 6 runs)." in markdown
+    tuning = markdown.split("## Tuning", 1)[1]
+    assert "| a | optim.lr_0.1 | 0.9550 | 2/2 | **yes** |" in tuning and "| b |" not in tuning
+    assert {p: p.read_bytes() for p in store.rglob("*") if p.is_file()} == before  # the gather wrote nothing there
+    assert len((out / "jobs.jsonl").read_text().splitlines()) == 2  # the run folder got the store's job line
+
+
+def test_a_run_folder_of_another_table_is_refused_before_anything_is_written(tmp_path: Path,
+                                                                           monkeypatch: Any) -> None:
+    """A table's run folder belongs to one table in one form, as its store does (runs are read by
+    label and seed alone): a folder claimed by another table, or one from before the claim whose
+    jobs.jsonl names rows this table lacks (a gather into a reused folder once merged another
+    table's jobs into this one's store), is refused in one line, with nothing written to it or the
+    store; a folder of the table's own is claimed."""
+    from core.provenance import CodeVersion
+    from engine.drivers import table_runner as runner
+    from engine.tables import provenance
+
+    clean = CodeVersion("e" * 40, False)
+    monkeypatch.setattr(provenance, "code_version", lambda ignore=(): clean)
+    monkeypatch.setattr(runner, "code_version", lambda ignore=(): clean)
+    monkeypatch.setattr(runner, "run_row", lambda *a, **k: pytest.fail("a refused table ran a job"))
+    store = tmp_path / "store"
+    claimed = tmp_path / "claimed"
+    claimed.mkdir()
+    (claimed / "table.json").write_text(json.dumps({"table": "other", "quick": False}))
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "jobs.jsonl").write_text(json.dumps({"job": "allreduce.w4@iid seed 0", "ended": 1.0}) + "\n")
+    for folder, says in ((claimed, "holds the runs of {'table': 'other'"), (legacy, "(allreduce.w4@iid)")):
+        listed = sorted(os.listdir(folder))
+        for gather in (False, True):
+            with pytest.raises(UserError) as err:
+                runner.run_table(_table([{"label": "base"}], store=str(store), gather_only=gather), folder)
+            assert "\n" not in str(err.value) and says in str(err.value)
+            assert "give this table a run folder of its own" in str(err.value)
+            assert sorted(os.listdir(folder)) == listed and not store.exists()
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "jobs.jsonl").write_text(json.dumps({"job": "base seed 1", "ended": 1.0}) + "\n")
+    assert runner.run_table(_table([{"label": "base"}], gather_only=True), own) == 0
+    assert json.loads((own / "table.json").read_text()) == {"table": "t", "quick": False}
+    with pytest.raises(UserError):  # and the quick form of the same table is another form
+        runner.run_table(_table([{"label": "base"}], gather_only=True, quick=True), own)
+
+
 def test_a_run_and_a_tables_jobs_record_their_commit(cli_env: dict, tmp_path: Path) -> None:
     """Through cli.py: summary.json has the checkout's commit and dirty flag; jobs.jsonl and
     runs.csv carry them per run."""

@@ -156,9 +156,9 @@ def test_a_grid_is_extended_beyond_a_winning_edge_and_the_reported_runs_follow(t
     from engine.drivers.table_runner import chosen, set_aside_if_stale
 
     loaded = load_table(table)
-    assert tuning_grid(loaded, loaded.rows[0], tmp_path) == {"optim.lr": [0.0027, 0.009, 0.03, 0.1, 0.3]}
+    assert tuning_grid(loaded, loaded.rows[0], tmp_path) == ({"optim.lr": [0.0027, 0.009, 0.03, 0.1, 0.3]}, 2)
     winner = chosen(loaded, tmp_path)["r"].winner
-    assert winner == (("optim.lr", 0.009),)
+    assert winner == (("optim.lr", 0.009),) and chosen(loaded, tmp_path)["r"].extended == 2
     set_aside_if_stale(stale, winner)
     assert not stale.root.exists() and (tmp_path / "r" / "seed_0.stale-1" / "summary.json").exists()
     assert "made with optim.lr=0.03, not the chosen optim.lr=0.009" in capsys.readouterr().out

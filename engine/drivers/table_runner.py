@@ -45,7 +45,8 @@ from engine.tables.production import JOBS_FILE, JobRecord, production_lines, rea
 from engine.tables.provenance import check_tree, mixed_notice, provenance_lines, table_folders
 from engine.tables.render import collect, render_markdown, write_csv
 from engine.tables.runs import EVALUATED_ON, Summary, read_runs, split_fact, write_runs_csv
-from engine.tables.store import append_job, carry_if_missing, restore, save_run, store_identity, store_path
+from engine.tables.store import (append_job, carry_if_missing, check_store, claim_folder, restore, save_run,
+                                 store_identity, store_path)
 from engine.tables.time_left import made_runs, time_left_text
 from engine.tables.tuning import (Setting, TunePolicy, Tuned, choose, extend_grid, grid_settings, row_seeds,
                                   setting_name, setting_overrides, stale_setting, tune_dir)
@@ -204,10 +205,11 @@ def tune_policy(table: TableConfig) -> TunePolicy:
                       stability_keys=tuple(table.tune_stability_keys), resolution=table.tune_resolution)
 
 
-def tuning_grid(table: TableConfig, row: RowConfig, out: Path) -> dict[str, list[Any]]:
-    """The row's grid as run: its own, extended beyond a winning edge (`table.tune_extend`)."""
+def tuning_grid(table: TableConfig, row: RowConfig, out: Path) -> tuple[dict[str, list[Any]], int]:
+    """The row's grid as run: its own, extended beyond a winning edge (`table.tune_extend`), and
+    how many points the extension added."""
     return extend_grid(out, row.label, row_grid(table, row), table.tune_seeds, table.select_metric,
-                       table.tune_extend, tune_policy(table))[0]
+                       table.tune_extend, tune_policy(table))
 
 
 def tuning_seeds(table: TableConfig, row: RowConfig, out: Path, grid: dict[str, list[Any]]) -> list[int]:
@@ -219,7 +221,7 @@ def tuning_jobs(table: TableConfig, out: Path) -> list[tuple[str, list[str], Run
     """Every tuned row's grid on its tuning seeds."""
     jobs = []
     for row in table.rows:
-        grid = tuning_grid(table, row, out)
+        grid = tuning_grid(table, row, out)[0]
         for setting in grid_settings(grid) if grid else []:
             for seed in tuning_seeds(table, row, out, grid):
                 run_dir = tune_dir(out, row.label, setting, seed)
@@ -233,10 +235,26 @@ def chosen(table: TableConfig, out: Path) -> dict[str, Tuned]:
     found = {}
     for row in table.rows:
         if row_grid(table, row):
-            grid = tuning_grid(table, row, out)
-            found[row.label] = choose(out, row.label, grid, tuning_seeds(table, row, out, grid), table.select_metric,
-                                      tune_policy(table))
+            grid, added = tuning_grid(table, row, out)
+            found[row.label] = replace(choose(out, row.label, grid, tuning_seeds(table, row, out, grid),
+                                              table.select_metric, tune_policy(table)), extended=added)
     return found
+
+
+def tuned_so_far(table: TableConfig, shown: TableConfig, out: Path) -> tuple[dict[str, Tuned], list[str]]:
+    """table.gather_only's tuning: every row of `shown` (they need their choice), and beside them
+    each row whose grid is complete though none of its reported runs is shown yet, so that a choice
+    (within noise, at an edge, a divergence) can be read while the table is still being produced;
+    and a line naming the rows whose grids are still running."""
+    tuned = chosen(table, out)
+    keep = {r.label for r in shown.rows}
+    running = [f"{label} ({sum(runs for _, _, runs in t.results)} of {len(t.results) * len(t.seeds)} runs)"
+               for label, t in tuned.items() if label not in keep and not t.complete]
+    lines = [f"Tuning: the grids of {sum(t.complete for t in tuned.values())} of {len(tuned)} tuned rows are "
+             f"complete and shown under Tuning (a complete grid's choice is final).", ""]
+    if running:
+        lines += [f"Grids still running (not shown): {', '.join(running)}.", ""]
+    return {label: t for label, t in tuned.items() if label in keep or t.complete}, lines
 
 
 def tuning_summaries(table: TableConfig, out: Path, tuned: dict[str, Tuned]) -> dict[str, dict[int, Summary]]:
@@ -306,9 +324,13 @@ def made_so_far(table: TableConfig, out: Path) -> tuple[TableConfig, list[str]]:
 def run_table(node: DictConfig, out: Path) -> int:
     """Run (or dry-run) the table; returns the exit code (non-zero if any row failed)."""
     table = per_seed_options(load_table(node), out)
+    if not table.dry_run:  # before anything is written: a store or run folder of another table is refused
+        if table.store:
+            check_store(store_path(table), store_identity(table))
+        claim_folder(out, store_identity(table), {row.label for row in table.rows})
     out.mkdir(parents=True, exist_ok=True)
     if table.store and not table.dry_run:
-        put_back = restore(store_path(table), out, store_identity(table))
+        put_back = restore(store_path(table), out, store_identity(table), into_store=not table.gather_only)
         print(f"table {table.name}: {put_back} finished run{'s' * (put_back != 1)} put back from table.store "
               f"{store_path(table)}", flush=True)
     if not table.dry_run:
@@ -337,10 +359,11 @@ def run_table(node: DictConfig, out: Path) -> int:
         print(f"submitted; run the same command again when the jobs are done to gather the table in {out}")
         return 0
     if table.gather_only:
-        table, partial = made_so_far(table, out)
-        tuned = chosen(table, out)
+        shown, partial = made_so_far(table, out)
+        tuned, tuning = tuned_so_far(table, shown, out) if partial else (chosen(table, out), [])
+        table = shown
         return write_table(table, out, {(row.label, seed): "done" for row, seed, _ in final_jobs(table, out, tuned)},
-                           tuned, [], partial)
+                           tuned, [], partial + tuning)
     tune_status: dict[str, str] = {}
     while True:  # a grid extended beyond a winning edge adds jobs; run until none is new
         new = [job for job in tuning_jobs(table, out) if job[0] not in tune_status]

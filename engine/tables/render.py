@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 from engine.tables.compare import Comparison, Family, build_family
-from engine.tables.config import SplitSeeds, TableConfig, batch_rule, headline, row_dir, row_grid, target, tie_seeds
+from engine.tables.config import SplitSeeds, TableConfig, batch_rule, headline, row_dir, target, tie_seeds
 from engine.tables.measure import evaluation_set, is_proportion, sign
 from engine.tables.runs import TASK_METRICS, Summary, read_runs, set_size
 from engine.tables.runs import to_target as _to_target
 from engine.tables.stats import LEVEL, cell_half_width
-from engine.tables.tuning import Tuned, grid_settings, setting_name
+from engine.tables.tuning import Tuned, setting_name
 
 #: the default columns of table.csv, after the label (TableConfig.columns); ratios and paper columns follow
 METRICS = ["test_acc", "val_acc", "best_val_acc", "test_acc_at_best", "steps", "syncs", "comm_bytes", "wall_s", "samples_per_s"]
@@ -202,9 +202,7 @@ def _tuning_lines(table: TableConfig, tuned: dict[str, Tuned], failed: list[str]
                          f"{'**yes**' if setting == result.winner else ''} | "
                          f"{'-' if tie is None else f'{tie:.4f}'} | "
                          f"{_contender_cell(result, setting)} |")
-    rows = {r.label: r for r in table.rows}
-    extended = [label for label, result in tuned.items()
-                if label in rows and len(result.results) > len(grid_settings(row_grid(table, rows[label])))]
+    extended = [label for label, result in tuned.items() if result.extended]
     if extended:
         lines += ["", f"Grids extended beyond a winning edge (table.tune_extend={table.tune_extend}): "
                       f"{', '.join(extended)}."]

@@ -14,7 +14,10 @@ check, as the run folder is.
 A run in progress is not carried (a checkpoint is megabytes per rank): it starts again there. A
 store belongs to one table in one form (STORE_FILE records its name and whether it is the quick
 form), since runs are put back by label and seed alone: another table, or the quick form of the
-same one, is refused in one line.
+same one, is refused in one line. The run folder is claimed the same way (FOLDER_FILE), for the same
+reason: a folder that holds another table's runs would have them read as this table's, and its
+jobs.jsonl merged into this table's store. Gathering (`table.gather_only`) reads a store and never
+writes to it.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from engine.tables.config import TableConfig
 from engine.tables.production import JOBS_FILE
 
 STORE_FILE = "store.json"  # which table (and form) the store's runs belong to
+FOLDER_FILE = "table.json"  # which table (and form) a run folder's runs belong to
 
 #: a run's record: what a table reads from a finished run (summary, eval curve, composed config and
 #: the overrides that tell a stale tuning choice); paths relative to the run folder
@@ -75,11 +79,12 @@ def _ended(line: str) -> float:
         return 0.0
 
 
-def merge_jobs(store: Path, out: Path) -> None:
-    """Both folders' jobs.jsonl become their union, each line once, in the order the jobs ended."""
+def merge_jobs(store: Path, out: Path, into_store: bool = True) -> None:
+    """Both folders' jobs.jsonl become their union, each line once, in the order the jobs ended
+    (only the run folder's, when not `into_store`: a gather)."""
     lines = list(dict.fromkeys(_job_lines(out / JOBS_FILE) + _job_lines(store / JOBS_FILE)))
     text = "".join(f"{line}\n" for line in sorted(lines, key=_ended))
-    for folder in (out, store):
+    for folder in (out, store) if into_store else (out,):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / JOBS_FILE).write_text(text)
 
@@ -94,30 +99,68 @@ def store_identity(table: TableConfig) -> dict[str, object]:
     return {"table": table.name, "quick": table.quick}
 
 
+def _refuse_other(path: Path, identity: dict[str, object], what: str, fix: str) -> bool:
+    """Refuse (one line) a folder whose record `path` names another table or form; True if the
+    record is there (and names this one)."""
+    if not path.is_file():
+        return False
+    found = json.loads(path.read_text())
+    if found != identity:
+        raise UserError(f"{what} holds the runs of {found}, not of {identity}; {fix}")
+    return True
+
+
+def check_store(store: Path, identity: dict[str, object]) -> bool:
+    """Refuse a store made for another table or form (one line); True if it is this one's."""
+    return _refuse_other(store / STORE_FILE, identity, f"table.store={store}", "give this table a store of its own")
+
+
 def claim(store: Path, identity: dict[str, object]) -> None:
     """Record the store's table (first use), or refuse a store made for another one (one line)."""
-    path = store / STORE_FILE
-    if path.is_file():
-        found = json.loads(path.read_text())
-        if found != identity:
-            raise UserError(f"table.store={store} holds the runs of {found}, not of {identity}; give this table "
-                            f"a store of its own")
+    if check_store(store, identity):
         return
     store.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(identity) + "\n")
+    (store / STORE_FILE).write_text(json.dumps(identity) + "\n")
 
 
-def restore(store: Path, out: Path, identity: dict[str, object]) -> int:
+def _job_row(line: str) -> str:
+    """The row a jobs.jsonl line belongs to: its job name's first word ("<row> [setting] seed <n>")."""
+    try:
+        return str(json.loads(line).get("job", "")).split(" ", 1)[0]
+    except (ValueError, AttributeError):
+        return ""
+
+
+def claim_folder(out: Path, identity: dict[str, object], rows: set[str]) -> None:
+    """Record the run folder's table (first use), or refuse, in one line and before anything is
+    written there, a folder made for another table or form. A folder from before this record is
+    claimed unless its jobs.jsonl names a row the table does not have (another table's jobs)."""
+    fix = "give this table a run folder of its own (hydra.run.dir=...)"
+    if _refuse_other(out / FOLDER_FILE, identity, f"the run folder {out}", fix):
+        return
+    foreign = sorted({row for row in map(_job_row, _job_lines(out / JOBS_FILE)) if row and row not in rows})
+    if foreign:
+        raise UserError(f"the run folder {out} holds jobs of rows table {identity['table']} does not have "
+                        f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}): another table's; {fix}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / FOLDER_FILE).write_text(json.dumps(identity) + "\n")
+
+
+def restore(store: Path, out: Path, identity: dict[str, object], into_store: bool = True) -> int:
     """Put back into `out` every finished run of the store that `out` does not hold finished (a run
     left half-made there is completed by the store's record; its checkpoints stay, unused), merge the
-    two jobs.jsonl; returns how many runs were put back. A store of another table is refused."""
-    claim(store, identity)
+    two jobs.jsonl (into both, or only into `out` when not `into_store`); returns how many runs were
+    put back. A store of another table is refused."""
+    if into_store:
+        claim(store, identity)
+    else:
+        check_store(store, identity)
     put_back = 0
     for rel in finished_runs(store):
         if not (out / rel / "summary.json").exists():
             copy_record(store / rel, out / rel)
             put_back += 1
-    merge_jobs(store, out)
+    merge_jobs(store, out, into_store)
     return put_back
 
 

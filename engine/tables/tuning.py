@@ -122,6 +122,13 @@ class Tuned:
     # contenders step 4 set aside: diverged, or a grid step below a setting that did
     set_aside: list[Setting] = field(default_factory=list)
     diverged: dict[Setting, list[int]] = field(default_factory=dict)  # the tuning seeds each diverged on
+    extended: int = 0  # the points `extend_grid` added beyond a winning edge (set by the table runner)
+
+    @property
+    def complete(self) -> bool:
+        """Every setting of the grid as run has its runs on every seed: the choice is final (an
+        extension still to run shows here as a setting without its runs)."""
+        return self.winner is not None and all(runs == len(self.seeds) for _, _, runs in self.results)
 
     @property
     def within_noise(self) -> bool:
