@@ -558,7 +558,7 @@ def test_a_run_folder_of_another_table_is_refused_before_anything_is_written(tmp
     (claimed / "table.json").write_text(json.dumps({"table": "other", "quick": False}))
     legacy = tmp_path / "legacy"
     legacy.mkdir()
-    (legacy / "jobs.jsonl").write_text(json.dumps({"job": "allreduce.w4@iid seed 0", "ended": 1.0}) + "\n")
+    (legacy / "jobs.jsonl").write_text(json.dumps({"job": "allreduce.w4@iid seed 0", "status": "done", "seconds": 1.0, "ended": 1.0}) + "\n")
     for folder, says in ((claimed, "holds the runs of {'table': 'other'"), (legacy, "(allreduce.w4@iid)")):
         listed = sorted(os.listdir(folder))
         for gather in (False, True):
@@ -569,7 +569,7 @@ def test_a_run_folder_of_another_table_is_refused_before_anything_is_written(tmp
             assert sorted(os.listdir(folder)) == listed and not store.exists()
     own = tmp_path / "own"
     own.mkdir()
-    (own / "jobs.jsonl").write_text(json.dumps({"job": "base seed 1", "ended": 1.0}) + "\n")
+    (own / "jobs.jsonl").write_text(json.dumps({"job": "base seed 1", "status": "done", "seconds": 1.0, "ended": 1.0}) + "\n")
     assert runner.run_table(_table([{"label": "base"}], gather_only=True), own) == 0
     assert json.loads((own / "table.json").read_text()) == {"table": "t", "quick": False}
     with pytest.raises(UserError):  # and the quick form of the same table is another form

@@ -361,8 +361,7 @@ def run_table(node: DictConfig, out: Path) -> int:
     if table.gather_only:
         shown, partial = made_so_far(table, out)
         tuned, tuning = tuned_so_far(table, shown, out) if partial else (chosen(table, out), [])
-        table = shown
-        return write_table(table, out, {(row.label, seed): "done" for row, seed, _ in final_jobs(table, out, tuned)},
+        return write_table(shown, out, {(row.label, seed): "done" for row, seed, _ in final_jobs(shown, out, tuned)},
                            tuned, [], partial + tuning)
     tune_status: dict[str, str] = {}
     while True:  # a grid extended beyond a winning edge adds jobs; run until none is new

@@ -40,6 +40,11 @@ class JobRecord:
     def started(self) -> float:
         return self.ended - self.seconds
 
+    @property
+    def row(self) -> str:
+        """The row the job belongs to: its name's first word ("<row> [setting] seed <n>")."""
+        return self.job.split(" ", 1)[0]
+
 
 def read_jobs(path: Path) -> tuple[list[JobRecord], int]:
     """The records of jobs.jsonl in file order, and how many lines could not be read (a line cut by

@@ -28,7 +28,7 @@ from pathlib import Path
 from core.errors import UserError
 from core.provenance import REPO
 from engine.tables.config import TableConfig
-from engine.tables.production import JOBS_FILE
+from engine.tables.production import JOBS_FILE, read_jobs
 
 STORE_FILE = "store.json"  # which table (and form) the store's runs belong to
 FOLDER_FILE = "table.json"  # which table (and form) a run folder's runs belong to
@@ -123,14 +123,6 @@ def claim(store: Path, identity: dict[str, object]) -> None:
     (store / STORE_FILE).write_text(json.dumps(identity) + "\n")
 
 
-def _job_row(line: str) -> str:
-    """The row a jobs.jsonl line belongs to: its job name's first word ("<row> [setting] seed <n>")."""
-    try:
-        return str(json.loads(line).get("job", "")).split(" ", 1)[0]
-    except (ValueError, AttributeError):
-        return ""
-
-
 def claim_folder(out: Path, identity: dict[str, object], rows: set[str]) -> None:
     """Record the run folder's table (first use), or refuse, in one line and before anything is
     written there, a folder made for another table or form. A folder from before this record is
@@ -138,7 +130,7 @@ def claim_folder(out: Path, identity: dict[str, object], rows: set[str]) -> None
     fix = "give this table a run folder of its own (hydra.run.dir=...)"
     if _refuse_other(out / FOLDER_FILE, identity, f"the run folder {out}", fix):
         return
-    foreign = sorted({row for row in map(_job_row, _job_lines(out / JOBS_FILE)) if row and row not in rows})
+    foreign = sorted({job.row for job in read_jobs(out / JOBS_FILE)[0] if job.row not in rows})
     if foreign:
         raise UserError(f"the run folder {out} holds jobs of rows table {identity['table']} does not have "
                         f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}): another table's; {fix}")
