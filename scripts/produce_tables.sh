@@ -6,7 +6,7 @@
 #
 #   scripts/produce_tables.sh start [COMMIT]   # in the background; logs in $TABLES_DIR/<table>.log
 #   scripts/produce_tables.sh pause            # the running run checkpoints and stops; start resumes it
-#   scripts/produce_tables.sh status           # runs made per table
+#   scripts/produce_tables.sh status           # runs made per table, and the latest estimate of what is left
 #
 # COMMIT: the code the runs are made with; by default the commit the first table's store was started
 # at (its jobs.jsonl), else HEAD, so that a table is not made of several commits by accident; a later
@@ -93,6 +93,9 @@ status)
     for t in $TABLES; do
         n=$( (find "$(store "$t")" -name summary.json 2>/dev/null || true) | wc -l)
         echo "$t: $n finished runs in $(store "$t")"
+        # the runner's own estimate: the phase it is in, runs left in it and their time at the pace so far
+        last=$( (grep -hE "runs left in this phase" "$DIR/$t.log" 2>/dev/null || true) | tail -1)
+        [ -n "$last" ] && echo "  last: $last"
     done
     ;;
 *)
