@@ -866,3 +866,24 @@ def test_the_intervals_figure_draws_differences_on_their_own_scale(tmp_path: Pat
     fig = _differences_figure(plt, TableConfig(name="t", rows=[], seeds=[0]), single)
     assert [t.get_text() for t in fig.axes[0].texts] == ["-0.117"]
     plt.close(fig)
+
+
+def test_when_the_margin_sets_the_best_aside_the_contenders_are_taken_against_the_best_it_keeps(
+        tmp_path: Path) -> None:
+    """head_to_head_mnist1d_cpu's ef_signsgd@iid at 318 tuning runs: 0.9 is best, 2.7 diverged, so
+    the margin sets 0.9 aside; 0.1 (0.832, uneven over the seeds) was a contender of 0.9 and 0.3
+    (0.953, even) was resolved as worse, so the margin alone ended on 0.1. Taken again against the
+    best kept setting, 0.3, the contenders are 0.1 and 0.3, and validation loss chooses 0.3."""
+    from engine.tables.tuning import choose
+
+    grid = {"optim.lr": [0.03, 0.1, 0.3, 0.9, 2.7]}
+    val = {0.03: ((0.5300, 1.18), (0.5026, 1.21)), 0.1: ((0.8472, 0.4226), (0.8167, 0.5018)),
+           0.3: ((0.9545, 0.1398), (0.9522, 0.1483)), 0.9: ((0.9743, 0.0817), (0.9712, 0.0905)),
+           2.7: ((0.5210, float("nan")), (0.5210, float("nan")))}
+    for lr, by_seed in val.items():
+        for seed, (acc, loss) in zip((0, 100), by_seed):
+            _write_tuning_run(tmp_path, lr, seed, acc, loss)
+    tuned = choose(tmp_path, "r", grid, [0, 100], "val_acc")
+    assert (("optim.lr", 0.9),) in tuned.set_aside and tuned.diverged == {(("optim.lr", 2.7),): [0, 100]}
+    assert (("optim.lr", 0.3),) in tuned.contenders and (("optim.lr", 0.1),) in tuned.contenders
+    assert tuned.winner == (("optim.lr", 0.3),) and tuned.rule == "val_loss"
