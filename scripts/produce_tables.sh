@@ -9,8 +9,11 @@
 #   scripts/produce_tables.sh status           # runs made per table, and the latest estimate of what is left
 #
 # COMMIT: the code the runs are made with; by default the commit the first table's store was started
-# at (its jobs.jsonl), else HEAD, so that a table is not made of several commits by accident; a later
-# table whose store began at another commit is skipped (the chain log says so), not added to.
+# at (its jobs.jsonl), else HEAD, so that a table is not made of several commits by accident; a
+# table whose store began at another commit is skipped (the chain log says so), not added to. A
+# COMMIT named here is deliberate: stores begun at another commit are continued at it, and each
+# table.md lists every commit its runs were made at (engine/tables/provenance.py). Name one only
+# after `git diff <store's commit> COMMIT` shows the training path unchanged.
 # Environment: TABLES (default below, in order), TABLES_DIR (run folders, logs, the worktree;
 # default /tmp/tables). Uses the repository's .venv (scripts/setup_env.sh).
 set -euo pipefail
@@ -36,12 +39,12 @@ loop() {
     for t in $TABLES; do
         # a table is made at one commit: one whose store began at another is left to a start of its own
         at=$(started_at "$t")
-        if [ -n "$at" ] && [ "$at" != "$head" ]; then
+        if [ -n "$at" ] && [ "$at" != "$head" ] && [ -z "${CONTINUE_AT_COMMIT:-}" ]; then
             echo "$(date -u +%FT%TZ) skip $t: its store was started at ${at:0:7}, this worktree is at" \
                  "${head:0:7} (TABLES=$t $SELF start)"
             continue
         fi
-        echo "$(date -u +%FT%TZ) start $t at ${head:0:7}"
+        echo "$(date -u +%FT%TZ) start $t at ${head:0:7}${at:+ (store begun at ${at:0:7})}"
         rc=0
         "$PY" cli.py "table=$t" "hydra.run.dir=$DIR/$t" "table.store=$(store "$t")" >> "$DIR/$t.log" 2>&1 || rc=$?
         echo "$(date -u +%FT%TZ) end $t rc=$rc"
@@ -67,7 +70,8 @@ start)
     else
         git -C "$REPO" worktree add -q --detach "$WT" "$commit"
     fi
-    (cd "$DIR" && setsid nohup "$SELF" loop >> "$DIR/chain.log" 2>&1 < /dev/null &)
+    # a named COMMIT continues stores begun at another one (the tables list both)
+    (cd "$DIR" && CONTINUE_AT_COMMIT=${2:+1} setsid nohup "$SELF" loop >> "$DIR/chain.log" 2>&1 < /dev/null &)
     echo "producing $TABLES at $(git -C "$WT" rev-parse --short HEAD); logs in $DIR"
     ;;
 loop)
@@ -99,7 +103,7 @@ status)
     done
     ;;
 *)
-    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac
