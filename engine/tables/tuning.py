@@ -32,9 +32,9 @@ use the setting chosen:
    one degree of freedom, so a setting 14 points below the best but uneven over the seeds can be a
    contender while one 2 points below on both seeds alike is resolved as worse; without this, the
    margin could discard the best and end on the uneven, far worse setting (head_to_head_mnist1d_cpu's
-   ef_signsgd@iid chose 0.1 at 0.832 on validation over a stable 0.3 at 0.953). A run has diverged when its final validation loss is not finite or
-   no lower than its first logged training loss (about the untrained model's: it ended no better
-   than it began). Why: the largest stable rate moves from seed to seed, and a handful of tuning
+   ef_signsgd@iid chose 0.1 at 0.832 on validation over a stable 0.3 at 0.953). A run has diverged
+   when its final validation loss is not finite or no lower than its first logged training loss
+   (about the untrained model's: it ended no better than it began). Why: the largest stable rate moves from seed to seed, and a handful of tuning
    seeds cannot see a rate that diverges on one seed in eight; when validation cannot tell the
    contenders apart, the one a grid step further from a rate seen to fail is the safer choice. It
    never overrides a winner that validation resolves. (Found by
@@ -227,9 +227,12 @@ def choose(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[int], 
     means = {s: statistics.fmean(v.values()) for s, v in by_setting.items()}
     best_mean = _best(list(means.values()), policy.better)
     first_best = next(s for s in settings if means.get(s) == best_mean)
-    contenders = [s for s in settings if s in means
-                  and within_noise(by_setting[first_best], by_setting[s], n_floor, policy.level,
-                                   None if is_proportion(metric) else policy.resolution)]
+    resolution = None if is_proportion(metric) else policy.resolution
+
+    def near(best: Setting, s: Setting) -> bool:  # step 2: s is not told apart from best
+        return within_noise(by_setting[best], by_setting[s], n_floor, policy.level, resolution)
+
+    contenders = [s for s in settings if s in means and near(first_best, s)]
     tie_means = {s: statistics.fmean(ties[s].values()) if len(ties.get(s, {})) == len(seeds) else None
                  for s in settings}
     winner, rule, set_aside = first_best, "best mean", []
@@ -242,9 +245,9 @@ def choose(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[int], 
             # step 4's second half: the contenders again, against the best the margin keeps
             kept = [s for s in settings if s in means and s not in failed and s not in below]
             if kept:
-                kept_best = next(s for s in kept if means[s] == _best([means[k] for k in kept], policy.better))
-                pool = [s for s in kept if within_noise(by_setting[kept_best], by_setting[s], n_floor, policy.level,
-                                                        None if is_proportion(metric) else policy.resolution)]
+                kept_mean = _best([means[s] for s in kept], policy.better)
+                kept_best = next(s for s in kept if means[s] == kept_mean)
+                pool = [s for s in kept if near(kept_best, s)]
                 contenders = [s for s in settings if s in contenders or s in pool]
         winner, rule = ((pool[0], "stability margin") if len(pool) == 1
                         else _break_tie(pool, means, tie_means, policy))
