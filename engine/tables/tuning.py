@@ -34,10 +34,11 @@ use the setting chosen:
    margin could discard the best and end on the uneven, far worse setting (head_to_head_mnist1d_cpu's
    ef_signsgd@iid chose 0.1 at 0.832 on validation over a stable 0.3 at 0.953). A run has diverged
    when its final validation loss is not finite or no lower than its first logged training loss
-   (about the untrained model's: it ended no better than it began). Why: the largest stable rate moves from seed to seed, and a handful of tuning
-   seeds cannot see a rate that diverges on one seed in eight; when validation cannot tell the
-   contenders apart, the one a grid step further from a rate seen to fail is the safer choice. It
-   never overrides a winner that validation resolves. (Found by
+   (about the untrained model's: it ended no better than it began). Why: the largest stable rate
+   moves from seed to seed, and a handful of tuning seeds cannot see a rate that diverges on one
+   seed in eight; when validation cannot tell the contenders apart, the one a grid step further
+   from a rate seen to fail is the safer choice. It never overrides a winner that validation
+   resolves. (Found by
    docs/results/head_to_head_mnist1d_iid_pair, where allreduce's 0.3, tied with 0.1 and a step
    below 0.9, which diverged on both tuning seeds, was chosen by a validation loss 0.0002 lower
    and then diverged on one reported seed of eight.)
@@ -177,6 +178,12 @@ def _best(values: list[float], better: Better) -> float:
     return max(values) if better == Better.higher else min(values)
 
 
+def _first_best(candidates: list[Setting], means: dict[Setting, float], better: Better) -> Setting:
+    """The first of `candidates` (grid order) with their best mean."""
+    best = _best([means[s] for s in candidates], better)
+    return next(s for s in candidates if means[s] == best)
+
+
 def _numeric_values(settings: list[Setting]) -> Optional[list[float]]:
     """The values of a one-key numeric grid of two or more settings (None for any other grid)."""
     if len(settings) < 2 or len(settings[0]) != 1:
@@ -226,7 +233,7 @@ def choose(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[int], 
         return Tuned(metric, results, None, list(seeds), val_examples=n_val)
     means = {s: statistics.fmean(v.values()) for s, v in by_setting.items()}
     best_mean = _best(list(means.values()), policy.better)
-    first_best = next(s for s in settings if means.get(s) == best_mean)
+    first_best = _first_best([s for s in settings if s in means], means, policy.better)
     resolution = None if is_proportion(metric) else policy.resolution
 
     def near(best: Setting, s: Setting) -> bool:  # step 2: s is not told apart from best
@@ -245,9 +252,7 @@ def choose(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[int], 
             # step 4's second half: the contenders again, against the best the margin keeps
             kept = [s for s in settings if s in means and s not in failed and s not in below]
             if kept:
-                kept_mean = _best([means[s] for s in kept], policy.better)
-                kept_best = next(s for s in kept if means[s] == kept_mean)
-                pool = [s for s in kept if near(kept_best, s)]
+                pool = [s for s in kept if near(_first_best(kept, means, policy.better), s)]
                 contenders = [s for s in settings if s in contenders or s in pool]
         winner, rule = ((pool[0], "stability margin") if len(pool) == 1
                         else _break_tie(pool, means, tie_means, policy))
