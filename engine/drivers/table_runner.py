@@ -202,7 +202,8 @@ def tune_policy(table: TableConfig) -> TunePolicy:
     return TunePolicy(metric=table.select_metric, better=headline(table).select_better, tie_metric=table.tie_metric,
                       tie_better=tie_direction(table), val_examples=table.val_examples,
                       tie_seeds=tuple(tie_seeds(table)) if len(table.tune_seeds) < 2 else (),
-                      stability_keys=tuple(table.tune_stability_keys), resolution=table.tune_resolution)
+                      stability_keys=tuple(table.tune_stability_keys), resolution=table.tune_resolution,
+                      margin_cost=table.tune_margin_cost)
 
 
 def tuning_grid(table: TableConfig, row: RowConfig, out: Path) -> tuple[dict[str, list[Any]], int]:

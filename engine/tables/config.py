@@ -140,6 +140,10 @@ class TableConfig(Section):
     # validation cannot resolve, so that settings within it of the best are contenders (get the tie
     # seed, the margin, the tie rule); null: on one seed only an exact tie is (engine/tables/tuning.py)
     tune_resolution: Optional[float] = option(None, gt=0)
+    # the most of the selection metric the stability margin may give up: it sets the best mean
+    # aside only for a setting it keeps within this of it (null: only for one the validation set
+    # cannot tell apart: its floor, or tune_resolution; engine/tables/tuning.py, step 4)
+    tune_margin_cost: Optional[float] = option(None, gt=0)
     # the number of examples of the test and validation sets, for runs that do not record it
     # (summary.json `test_samples`, `data_split.val_samples`): the floor under accuracy intervals
     test_examples: Optional[int] = option(None, gt=0)

@@ -239,8 +239,10 @@ def _resolution_text(table: TableConfig, metric: str) -> str:
 def _margin_text(table: TableConfig) -> str:
     keys = table.tune_stability_keys
     beyond = f", or whose next larger {' / '.join(keys)} did," if keys else ""
+    cost = (f"within table.tune_margin_cost = {table.tune_margin_cost:g} of it" if table.tune_margin_cost is not None
+            else "validation cannot tell apart from it")
     return (f"among the contenders, one that diverged on a tuning seed{beyond} is set aside unless all would "
-            f"be (the stability margin); ")
+            f"be (the stability margin), and the best mean only for a setting the margin keeps {cost}; ")
 
 
 def _contender_cell(result: Tuned, setting: Any) -> str:
