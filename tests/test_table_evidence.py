@@ -882,7 +882,8 @@ def test_the_margin_gives_up_the_best_only_for_a_setting_within_its_cost(tmp_pat
     points lower or more. In both the best stays, by the validation set's floor and by a cost of
     0.01. terngrad@iid: 0.1 and 0.03 are 0.0015 apart (9 of 6,000 signals) and 0.3 diverged on
     seed 100: a cost of 0.01 lets the margin give 0.1 up for 0.03, the floor (about 4 signals) does
-    not."""
+    not. lsgd@dir0.1: every rate diverged; the margin has nothing safer to offer, so the best mean
+    (0.1, 0.205) stays, not the largest rate (2.7, at chance) that the margin alone kept."""
     from engine.tables.tuning import TunePolicy, choose
 
     nan = float("nan")
@@ -896,7 +897,13 @@ def test_the_margin_gives_up_the_best_only_for_a_setting_within_its_cost(tmp_pat
     tern = tmp_path / "terngrad"
     _write_grid(tern, {0.009: ((0.8305, 0.4629), (0.8027, 0.5281)), 0.03: ((0.961, 0.1166), (0.9537, 0.1381)),
                        0.1: ((0.9515, 0.1518), (0.9662, 0.1006)), 0.3: ((0.8112, 0.538), (0.1002, 2.3027))})
+    lsgd = tmp_path / "lsgd"  # every rate diverged (validation loss above the first training loss)
+    _write_grid(lsgd, {0.03: ((0.2955, 6.2351), (0.1128, 23.8439)), 0.1: ((0.2987, 4.9875), (0.1122, 15.4342)),
+                       0.3: ((0.0997, 5.3096), (0.1248, 9.9549)), 0.9: ((0.0997, 5.3305), (0.1003, 5.8315)),
+                       2.7: ((0.1003, 5.3339), (0.1003, 5.8417))})
     lr = lambda v: (("optim.lr", v),)  # noqa: E731
+    tuned = choose(lsgd, "r", {"optim.lr": [0.03, 0.1, 0.3, 0.9, 2.7]}, [0, 100], "val_acc")
+    assert len(tuned.diverged) == 5 and tuned.winner == lr(0.1) and lr(2.7) in tuned.set_aside, tuned
     for policy in (TunePolicy(), TunePolicy(margin_cost=0.01)):
         tuned = choose(local, "r", {"optim.lr": [0.009, 0.03, 0.1, 0.3]}, [0, 100], "val_acc", policy)
         assert lr(0.03) in tuned.contenders and tuned.diverged == {lr(0.3): [0]}, tuned

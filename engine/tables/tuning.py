@@ -37,15 +37,16 @@ use the setting chosen:
    The margin's COST is bounded: where it sets the best mean aside, it gives the best up only for
    the settings it keeps (none diverged, none a step below a divergence) whose mean is within
    `table.tune_margin_cost` of the best, and step 5 decides among those; where it keeps none so
-   close, the best is not set aside. Without a stated cost, only a difference the validation set
-   itself cannot resolve is affordable (its floor from N examples, on the two means; for a loss,
-   `table.tune_resolution`). Why: with two seeds step 2's interval has one degree of freedom, so
-   a setting 16 points below the best on both seeds alike can be a contender, and the margin, a
-   tie-break, handicapped methods by far more than the table claims to resolve
-   (head_to_head_mnist1d_cpu at 339 tuning runs: local_sgd@dir0.1 chose 0.03 at 0.774 on
-   validation over 0.1 at 0.938, because 0.3 diverged on one seed of two; ef_signsgd@iid 0.1 at
-   0.832 over 0.9 at 0.973, and then, with the contenders taken against the best kept, 0.3 at
-   0.953).
+   close, the best is not set aside, and step 5 decides between it and the contenders the margin
+   keeps (where every setting diverged, the best mean wins). Without a stated cost, only a
+   difference the validation set itself cannot resolve is affordable (its floor from N examples,
+   on the two means; for a loss, `table.tune_resolution`). Why: with two seeds step 2's interval
+   has one degree of freedom, so a setting 16 points below the best on both seeds alike can be a
+   contender, and the margin, a tie-break, handicapped methods by far more than the table claims
+   to resolve (head_to_head_mnist1d_cpu at 339 tuning runs: local_sgd@dir0.1 chose 0.03 at 0.774
+   on validation over 0.1 at 0.938, because 0.3 diverged on one seed of two; ef_signsgd@iid 0.1
+   at 0.832 over 0.9 at 0.973, and then, with the contenders taken against the best kept, 0.3 at
+   0.953; lsgd@dir0.1, where every rate diverged, the largest, 2.7, at 0.100, over 0.1 at 0.205).
 5. Among the contenders that remain, the best mean of `table.tie_metric` (validation loss by
    default: a finer measure of the same models than the count of images they get right) wins;
    where that ties too or is missing, the best mean of the selection metric, then grid order.
@@ -267,9 +268,9 @@ def choose(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[int], 
             if alternates:
                 pool = alternates
                 contenders = [s for s in settings if s in contenders or s in pool]
-            else:  # validation tells the best from every setting the margin keeps: the best stays
-                set_aside = [s for s in set_aside if s != first_best]
-                pool = [s for s in contenders if s not in set_aside]
+            else:  # nothing kept is close enough: the best stays, with the contenders the margin keeps
+                pool = [s for s in contenders if s == first_best or s in kept]
+                set_aside = [s for s in contenders if s not in pool]
         winner, rule = ((pool[0], "stability margin") if len(pool) == 1
                         else _break_tie(pool, means, tie_means, policy))
     tied_best = [s for s in settings if means.get(s) == best_mean]
