@@ -920,7 +920,8 @@ def test_the_margin_gives_up_the_best_only_for_a_setting_within_its_cost(tmp_pat
 
     rows = [{"label": "r", "tune": {"optim.lr": [0.03, 0.1, 0.3]}}]  # 0.009: the table's own extension
     table = load_table(_table(rows, baseline="r", tune_seeds=[0, 100], tune_extend=1, tune_margin_cost=0.01))
-    assert chosen(table, tern)["r"].winner == lr(0.03)  # the table's cost reaches the rule
+    found = chosen(table, tern)
+    assert found["r"].winner == lr(0.03)  # the table's cost reaches the rule
     assert "the best mean only for a setting the margin keeps within table.tune_margin_cost = 0.01 of it" in (
-        "\n".join(_tuning_lines(table, chosen(table, tern), [])))
+        "\n".join(_tuning_lines(table, found, [])))
     assert chosen(load_table(_table(rows, baseline="r", tune_seeds=[0, 100], tune_extend=1)), tern)["r"].winner == lr(0.1)

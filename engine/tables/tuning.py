@@ -186,12 +186,6 @@ def _best(values: list[float], better: Better) -> float:
     return max(values) if better == Better.higher else min(values)
 
 
-def _first_best(candidates: list[Setting], means: dict[Setting, float], better: Better) -> Setting:
-    """The first of `candidates` (grid order) with their best mean."""
-    best = _best([means[s] for s in candidates], better)
-    return next(s for s in candidates if means[s] == best)
-
-
 def _numeric_values(settings: list[Setting]) -> Optional[list[float]]:
     """The values of a one-key numeric grid of two or more settings (None for any other grid)."""
     if len(settings) < 2 or len(settings[0]) != 1:
@@ -241,18 +235,16 @@ def choose(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[int], 
         return Tuned(metric, results, None, list(seeds), val_examples=n_val)
     means = {s: statistics.fmean(v.values()) for s, v in by_setting.items()}
     best_mean = _best(list(means.values()), policy.better)
-    first_best = _first_best([s for s in settings if s in means], means, policy.better)
+    first_best = next(s for s in settings if means.get(s) == best_mean)
     resolution = None if is_proportion(metric) else policy.resolution
 
-    def near(best: Setting, s: Setting) -> bool:  # step 2: s is not told apart from best
-        return within_noise(by_setting[best], by_setting[s], n_floor, policy.level, resolution)
-
-    def affordable(best: Setting, s: Setting) -> bool:  # step 4: giving up best for s costs no more than allowed
+    def affordable(s: Setting) -> bool:  # step 4: giving the best up for s costs no more than allowed
         if policy.margin_cost is not None:
-            return abs(means[best] - means[s]) <= policy.margin_cost
-        return within_noise({0: means[best]}, {0: means[s]}, n_floor, policy.level, resolution)
+            return abs(means[first_best] - means[s]) <= policy.margin_cost
+        return within_noise({0: means[first_best]}, {0: means[s]}, n_floor, policy.level, resolution)
 
-    contenders = [s for s in settings if s in means and near(first_best, s)]
+    contenders = [s for s in settings if s in means
+                  and within_noise(by_setting[first_best], by_setting[s], n_floor, policy.level, resolution)]
     tie_means = {s: statistics.fmean(ties[s].values()) if len(ties.get(s, {})) == len(seeds) else None
                  for s in settings}
     winner, rule, set_aside = first_best, "best mean", []
@@ -264,7 +256,7 @@ def choose(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[int], 
         if first_best in set_aside:
             # step 4's second half: the best is given up only for a kept setting within the margin's cost
             kept = [s for s in settings if s in means and s not in failed and s not in below]
-            alternates = [s for s in kept if affordable(first_best, s)]
+            alternates = [s for s in kept if affordable(s)]
             if alternates:
                 pool = alternates
                 contenders = [s for s in settings if s in contenders or s in pool]
