@@ -235,7 +235,8 @@ def choose(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[int], 
         return Tuned(metric, results, None, list(seeds), val_examples=n_val)
     means = {s: statistics.fmean(v.values()) for s, v in by_setting.items()}
     best_mean = _best(list(means.values()), policy.better)
-    first_best = next(s for s in settings if means.get(s) == best_mean)
+    tied_best = [s for s in settings if means.get(s) == best_mean]
+    first_best = tied_best[0]
     resolution = None if is_proportion(metric) else policy.resolution
 
     def affordable(s: Setting) -> bool:  # step 4: giving the best up for s costs no more than allowed
@@ -265,7 +266,6 @@ def choose(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[int], 
                 set_aside = [s for s in contenders if s not in pool]
         winner, rule = ((pool[0], "stability margin") if len(pool) == 1
                         else _break_tie(pool, means, tie_means, policy))
-    tied_best = [s for s in settings if means.get(s) == best_mean]
     low, high = _edge_flags(settings, [winner, *tied_best])
     return Tuned(metric, results, winner, list(seeds), contenders if len(contenders) > 1 else [winner], rule,
                  tie_means, n_val, low or high, set_aside, failed)
