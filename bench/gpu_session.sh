@@ -16,6 +16,12 @@
 #                                       limited to 300 s), cut at SECONDS; the node ids that failed in $OUT/suite_failed.txt
 #   bench/gpu_session.sh open [SECONDS] install; the tests earlier sessions left open (the loader-worker resume on the
 #                                       GPU, fault-tolerant QSR against its plain twin), alone, cut at SECONDS (250)
+#   bench/gpu_session.sh final SECONDS [WORKERS]  the fifth session's one call (issue 36), cut at SECONDS: install;
+#                                       the two open tests alone (cut at 250 s); then, in the time left, the whole
+#                                       suite less those two on WORKERS (12) xdist workers; failures in $OUT
+#   bench/gpu_session.sh from FILE SECONDS WORKERS [PATH...]  install; the suite's test files from FILE on (in
+#                                       pytest's order: tests/compress/ first, then tests/test_*.py by name), and the
+#                                       PATHs, on WORKERS xdist workers, cut at SECONDS: where a cut suite left off
 #   bench/gpu_session.sh rerun SECONDS  those node ids again, serially, to tell load-caused failures from GPU-caused
 #   bench/gpu_session.sh round SECONDS  the third session's one call (issue 36), cut at SECONDS: install; on the
 #                                       quiet machine ResNet-18's device pipeline against its ceiling and the GPT's
@@ -47,6 +53,10 @@ CIFAR_CEILING=(--model resnet18 --batch 512 --pipelines device --train-images 50
                --log-every 10)
 DALI_CEILING=(--data imagenet --pipelines dali --model resnet50 --batch 256 --train-images 12800 --workers 14
               --warmup 10 --steps 30 --log-every 5)
+
+# the tests earlier sessions left open: the loader-worker resume on the GPU, fault-tolerant QSR against its plain twin
+OPEN_TESTS=(tests/test_gpu.py::test_resume_with_loader_workers_on_the_gpu_is_identical
+            tests/test_ft.py::test_without_failures_fault_tolerant_qsr_equals_the_plain_run)
 
 piece() {
   for d in .dali*/; do [[ -d $d ]] && cp -n "$d"* /root/dali/ 2>/dev/null; done
@@ -93,17 +103,30 @@ suite_beside() {
   cp "$OUT/suite_failed.txt" /root/
 }
 
+# The whole suite (GPU tests included) on $2 xdist workers, cut at $1 seconds, each test limited to 300 s; -v: each
+# outcome is printed as it ends, so a cut run still names its failures. Further arguments (the paths among
+# them) go to pytest.
+run_suite() {
+  local cut=$1 workers=$2; shift 2
+  timeout --signal=INT "$cut" python3 -m pytest -p no:cacheprovider -v -rfEs -n "$workers" --timeout 300 "$@" \
+    > "$OUT/suite.log" 2>&1
+  grep -E "(passed|failed).* in [0-9.]+s" "$OUT/suite.log" | tail -1
+  echo "suite: $(grep -c " PASSED" "$OUT/suite.log") passed, $(grep -c " SKIPPED" "$OUT/suite.log") skipped"
+  grep -oE "(FAILED|ERROR) tests/[^ ]+" "$OUT/suite.log" | awk '{print $2}' | sort -u > "$OUT/suite_failed.txt"
+  head -60 "$OUT/suite_failed.txt"
+  cp "$OUT/suite_failed.txt" /root/; echo "failed or errored: $(wc -l < "$OUT/suite_failed.txt")"
+}
+
 case "${1:-}" in
   install) install_site ;;
-  suite)
-    limit=${2:?seconds}
-    # -v: each test's outcome is printed as it ends, so a cut run still names its failures
-    timeout --signal=INT "$limit" python3 -m pytest -p no:cacheprovider -v -rfEs -n "${3:-8}" --timeout 300 tests 2>&1 \
-      > "$OUT/suite.log"
-    grep -E "(passed|failed).* in [0-9.]+s" "$OUT/suite.log" | tail -1
-    grep -oE "(FAILED|ERROR) tests/[^ ]+" "$OUT/suite.log" | awk '{print $2}' | sort -u > "$OUT/suite_failed.txt"
-    head -60 "$OUT/suite_failed.txt"
-    cp "$OUT/suite_failed.txt" /root/; echo "failed or errored: $(wc -l < "$OUT/suite_failed.txt")" ;;
+  suite) run_suite "${2:?seconds}" "${3:-8}" tests ;;
+  from)
+    first=${2:?first test file}; install_site || exit 1
+    mapfile -t files < <({ find tests/compress -name 'test_*.py' | sort; find tests -maxdepth 1 -name 'test_*.py' | sort; } \
+      | awk -v f="$first" '$0 == f {on = 1} on')
+    (( ${#files[@]} )) || { echo "no test file $first"; exit 2; }
+    echo "${#files[@]} files, $first to ${files[-1]}"
+    run_suite "${3:?seconds}" "${4:?workers}" "${@:5}" "${files[@]}" ;;
   rerun)
     limit=${2:?seconds}
     [[ -s $OUT/suite_failed.txt ]] || cp /root/suite_failed.txt "$OUT/" 2>/dev/null
@@ -131,9 +154,16 @@ case "${1:-}" in
     # the tests earlier sessions left open, alone: each passes, or its failure carries the ranks' stacks
     install_site || exit 1
     timeout --signal=INT "${2:-250}" python3 -m pytest -p no:cacheprovider -v -rfEs -n 2 --timeout 240 \
-      tests/test_gpu.py::test_resume_with_loader_workers_on_the_gpu_is_identical \
-      tests/test_ft.py::test_without_failures_fault_tolerant_qsr_equals_the_plain_run > "$OUT/open_tests.log" 2>&1
+      "${OPEN_TESTS[@]}" > "$OUT/open_tests.log" 2>&1
     grep -E "(PASSED|FAILED|ERROR)|passed|failed" "$OUT/open_tests.log" | tail -8 ;;
+  final)
+    limit=${2:?seconds}; t0=$SECONDS
+    install_site || exit 1
+    bash "$0" open 250
+    echo "open tests done by $((SECONDS - t0)) s"
+    desel=(); for t in "${OPEN_TESTS[@]}"; do desel+=(--deselect "$t"); done
+    run_suite "$(left 8)" "${3:-12}" "${desel[@]}" tests
+    echo "ended at $((SECONDS - t0)) s" ;;
   dali_round)
     limit=${2:?seconds}; t0=$SECONDS
     [[ -d /tmp/site/hydra ]] || { echo "a cold machine: .whl's install is gone (run install and piece first)"; exit 1; }
