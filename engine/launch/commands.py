@@ -82,9 +82,18 @@ def cores() -> int:
 
 
 def omp_threads(cfg: LaunchConfig, ranks_here: Optional[int] = None, cpus: Optional[int] = None) -> int:
-    """Threads per rank: launch.omp_threads, else the node's cores divided among its ranks."""
+    """Threads per rank: launch.omp_threads; else OMP_NUM_THREADS where the shell set it (a whole
+    number, as torchrun keeps it); else the node's cores divided among its ranks.
+
+    Why the shell's value counts: whoever set it knows this job's share of the machine, which the
+    core count does not. Several jobs side by side on one machine (a test suite on 12 workers of a
+    16-core GPU host, a scheduler packing jobs) would each take every core for its ranks otherwise,
+    and run several times slower than alone."""
     if cfg.omp_threads:
         return cfg.omp_threads
+    given = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if given.isdigit() and int(given) >= 1:
+        return int(given)
     return max(1, (cpus or cores()) // (ranks_here or cfg.nproc or 1))
 
 

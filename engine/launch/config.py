@@ -55,7 +55,7 @@ class LaunchConfig(Section):
     nproc: Optional[int] = option(None, ge=1)
     master_addr: Optional[str] = None  # null: 127.0.0.1, or the first host of the hostfile
     master_port: Optional[int] = option(None, ge=1024, le=65535)  # null: a free port (give one with no_ssh)
-    omp_threads: Optional[int] = option(None, ge=1)  # null: the node's cores / its ranks
+    omp_threads: Optional[int] = option(None, ge=1)  # null: the shell's OMP_NUM_THREADS, else cores / ranks
     log_level: LogLevel = LogLevel.warning  # DeepSpeed launcher's own logging (info shows every spawn)
     # re-launch the whole job from its last complete checkpoint after a failure, up to N times
     # (engine/drivers/restart.py); 0: a failure ends the job
