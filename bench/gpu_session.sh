@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU session of issue 24, as run on a lent GPU machine that has torch but no package registry:
+# The GPU sessions of issues 24 and 36, as run on a lent GPU machine that has torch but no package registry:
 # the missing wheels travel in .whl/ (and DALI's, too large for one transfer, as pieces of one tar
 # in .dali<k>/), and each step below is one call. Logs go to $OUT (or /tmp/gpu_out).
 #
