@@ -97,10 +97,17 @@ suite_beside() {
     tests/test_gpu.py tests/test_prefetch.py > "$OUT/gpu_tests.log" 2>&1
   grep -E "(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/gpu_tests.log" | tail -25
   while pgrep -f "pytest.*not gpu" >/dev/null && (( $(left 8) > 0 )); do sleep 2; done; sleep 3
+  suite_summary
+}
+
+# $OUT/suite.log's outcome: its counts, and the node ids that failed or errored in $OUT/suite_failed.txt (and
+# /root, for `rerun`)
+suite_summary() {
   grep -E "(passed|failed).* in [0-9.]+s" "$OUT/suite.log" | tail -1
   echo "suite: $(grep -c " PASSED" "$OUT/suite.log") passed, $(grep -c " SKIPPED" "$OUT/suite.log") skipped"
-  grep -oE "(FAILED|ERROR) tests/[^ ]+" "$OUT/suite.log" | awk '{print $2}' | sort -u | tee "$OUT/suite_failed.txt" | head -40
-  cp "$OUT/suite_failed.txt" /root/
+  grep -oE "(FAILED|ERROR) tests/[^ ]+" "$OUT/suite.log" | awk '{print $2}' | sort -u > "$OUT/suite_failed.txt"
+  head -60 "$OUT/suite_failed.txt"
+  cp "$OUT/suite_failed.txt" /root/; echo "failed or errored: $(wc -l < "$OUT/suite_failed.txt")"
 }
 
 # The whole suite (GPU tests included) on $2 xdist workers, cut at $1 seconds, each test limited to 300 s; -v: each
@@ -110,11 +117,14 @@ run_suite() {
   local cut=$1 workers=$2; shift 2
   timeout --signal=INT "$cut" python3 -m pytest -p no:cacheprovider -v -rfEs -n "$workers" --timeout 300 "$@" \
     > "$OUT/suite.log" 2>&1
-  grep -E "(passed|failed).* in [0-9.]+s" "$OUT/suite.log" | tail -1
-  echo "suite: $(grep -c " PASSED" "$OUT/suite.log") passed, $(grep -c " SKIPPED" "$OUT/suite.log") skipped"
-  grep -oE "(FAILED|ERROR) tests/[^ ]+" "$OUT/suite.log" | awk '{print $2}' | sort -u > "$OUT/suite_failed.txt"
-  head -60 "$OUT/suite_failed.txt"
-  cp "$OUT/suite_failed.txt" /root/; echo "failed or errored: $(wc -l < "$OUT/suite_failed.txt")"
+  suite_summary
+}
+
+# the tests earlier sessions left open, alone, cut at $1 seconds: each passes, or its failure carries the ranks' stacks
+open_tests() {
+  timeout --signal=INT "$1" python3 -m pytest -p no:cacheprovider -v -rfEs -n 2 --timeout 240 \
+    "${OPEN_TESTS[@]}" > "$OUT/open_tests.log" 2>&1
+  grep -E "(PASSED|FAILED|ERROR)|passed|failed" "$OUT/open_tests.log" | tail -8
 }
 
 case "${1:-}" in
@@ -150,16 +160,11 @@ case "${1:-}" in
     echo "measured by $((SECONDS - t0)) s"
     suite_beside lm_shared ;;
   piece) piece ;;
-  open)
-    # the tests earlier sessions left open, alone: each passes, or its failure carries the ranks' stacks
-    install_site || exit 1
-    timeout --signal=INT "${2:-250}" python3 -m pytest -p no:cacheprovider -v -rfEs -n 2 --timeout 240 \
-      "${OPEN_TESTS[@]}" > "$OUT/open_tests.log" 2>&1
-    grep -E "(PASSED|FAILED|ERROR)|passed|failed" "$OUT/open_tests.log" | tail -8 ;;
+  open) install_site && open_tests "${2:-250}" ;;
   final)
     limit=${2:?seconds}; t0=$SECONDS
     install_site || exit 1
-    bash "$0" open 250
+    open_tests 250
     echo "open tests done by $((SECONDS - t0)) s"
     desel=(); for t in "${OPEN_TESTS[@]}"; do desel+=(--deselect "$t"); done
     run_suite "$(left 8)" "${3:-12}" "${desel[@]}" tests

@@ -5,14 +5,16 @@ session's suite, 12 workers on 16 cores, gave every 4-rank job 4 threads per ran
 multi-process tests ran 3-7 times slower than alone (docs/gpu.md)."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from engine.launch.commands import launcher_env, omp_threads
-from engine.launch.config import load_launch_config
+from engine.launch.config import LaunchConfig, load_launch_config
 from tests.support.harness import compose
 
 
-def _launch(*overrides: str):
+def _launch(*overrides: str) -> LaunchConfig:
     return load_launch_config(compose(list(overrides)).launch)
 
 
@@ -45,6 +47,5 @@ def test_launch_omp_threads_overrides_the_shell(monkeypatch: pytest.MonkeyPatch)
 def test_the_suite_runs_its_cli_ranks_single_threaded_on_any_machine() -> None:
     """conftest.py sets OMP_NUM_THREADS=1 (unless the caller set one) for every cli.py run a test
     starts; on a 16-core machine a 2-rank job would otherwise run 8 threads per rank."""
-    import os
     assert os.environ.get("OMP_NUM_THREADS", "").strip().isdigit()
     assert omp_threads(_launch("launch.nproc=2"), cpus=16) == int(os.environ["OMP_NUM_THREADS"])
