@@ -137,6 +137,32 @@ def test_a_table_with_k_comparisons_applies_holm_and_its_drawn_intervals_agree(t
     assert "Holm" in markdown and "| mid - base | baseline | paired |" in markdown
 
 
+def test_a_diverged_seed_is_shown_and_keeps_its_row_out_of_the_loss_comparisons(tmp_path: Path) -> None:
+    """A reported run whose loss became NaN (ef_signsgd@dir0.1 and lowrank@dir0.1 seed 10 on
+    MNIST-1D did, at 0.9): the gather does not crash (it did, in statistics.stdev), the loss cell
+    says "diverged" rather than averaging the survivors, and on a loss headline that row is compared
+    with nothing and says why, while the other rows keep their comparisons; runs.csv keeps the NaN."""
+    from engine.drivers.table_runner import run_table
+
+    for label, accs in {"base": [0.90, 0.92, 0.97], "blown": [0.91, 0.93, 0.96], "fine": [0.95, 0.97, 1.0]}.items():
+        _reported(tmp_path, label, accs)
+    bad = next(p for p in tmp_path.rglob("summary.json") if "blown" in str(p) and "seed_2" in str(p))
+    summary = json.loads(bad.read_text())
+    summary["test_loss"] = float("nan")
+    bad.write_text(json.dumps(summary))  # json writes NaN, as the trainer's summary does
+    rows = [{"label": "base"}, {"label": "blown"}, {"label": "fine"}]
+    table = _table(rows, columns=["test_acc", "test_loss"], compare_metric="test_loss")
+    assert run_table(table, tmp_path) == 0
+    by_label = {r["label"]: r for r in _csv(tmp_path / "table.csv")}
+    assert by_label["blown"]["test_loss"] == "diverged" and by_label["blown"]["diff"] == ""
+    assert "not finite on seed 2 (diverged)" in by_label["blown"]["note"]
+    assert float(by_label["fine"]["test_loss"]) == pytest.approx(1 - statistics.fmean([0.95, 0.97, 1.0]))
+    assert by_label["fine"]["diff"] != "" and by_label["fine"]["diff_p"] != ""
+    assert "diverged" in (tmp_path / "table.md").read_text()
+    blown = [r for r in _csv(tmp_path / "runs.csv") if r["row"] == "blown" and r["seed"] == "2"]
+    assert len(blown) == 1 and math.isnan(float(blown[0]["test_loss"]))
+
+
 def test_the_smallest_resolvable_difference_comes_from_the_tables_own_spread() -> None:
     """Without a floor: (t(0.975, k-1) + t(0.8, k-1)) sd / sqrt(k). With one: the d that solves
     d^2 = A^2 + ((z(0.975) + z(0.8)) SE(d))^2; on 360 test images no difference below about 10

@@ -95,9 +95,20 @@ class Family:
         return next((c for c in self.comparisons if c.kind == "baseline" and c.a == label), None)
 
 
-def values(runs: dict[str, dict[int, Summary]], label: str, metric: str) -> dict[int, float]:
+def _recorded(runs: dict[str, dict[int, Summary]], label: str, metric: str) -> dict[int, float]:
     return {s: float(v[metric]) for s, v in runs.get(label, {}).items()
             if isinstance(v.get(metric), (int, float)) and not isinstance(v.get(metric), bool)}
+
+
+def values(runs: dict[str, dict[int, Summary]], label: str, metric: str) -> dict[int, float]:
+    """A row's finite values of `metric` by seed (a row with a diverged seed is kept out of the
+    family by `build_family`, so no comparison is made on the seeds that are left)."""
+    return {s: v for s, v in _recorded(runs, label, metric).items() if math.isfinite(v)}
+
+
+def diverged_seeds(runs: dict[str, dict[int, Summary]], label: str, metric: str) -> list[int]:
+    """The seeds on which a row's `metric` is not finite (a loss that became NaN or infinite)."""
+    return sorted(s for s, v in _recorded(runs, label, metric).items() if not math.isfinite(v))
 
 
 def _partition(summary: Summary) -> tuple[Any, ...]:
@@ -207,9 +218,16 @@ def build_family(table: TableConfig, runs: dict[str, dict[int, Summary]], head: 
             family.notes[row.label] = (f"one training rank: {variant_of(row.label) or 'its partition'} has nothing "
                                        f"to split, so this row is {row_of(row.label)} on all the data, not a skewed "
                                        f"result (kept out of the skew interaction)")
+    # a difference with a non-finite value has no mean or interval; dropping the seed would compare
+    # the survivors only, so the row is kept out of every comparison and says why
+    diverged = {row.label: bad for row in table.rows if (bad := diverged_seeds(runs, row.label, metric))}
+    for label, bad in diverged.items():
+        family.notes[label] = "; ".join(filter(None, [
+            family.notes.get(label), f"{metric} not finite on seed {', '.join(map(str, bad))} (diverged), "
+                                     f"so it is compared with no row"]))
     for row in table.rows:
         base = row.baseline or table.baseline
-        if base and base != row.label:
+        if base and base != row.label and row.label not in diverged and base not in diverged:
             found = _pair(table, runs, "baseline", row.label, base, metric, f"{row.label} - {base}")
             if found:
                 family.comparisons.append(found)
@@ -220,10 +238,14 @@ def build_family(table: TableConfig, runs: dict[str, dict[int, Summary]], head: 
             base = row.baseline or table.baseline
             if v in ("", v0) or not base or base == row.label or row.label in family.notes:
                 continue
+            if {f"{row_of(row.label)}@{v0}", f"{row_of(base)}@{v}", f"{row_of(base)}@{v0}"} & set(diverged):
+                continue
             found = _interaction(table, runs, row_of(row.label), row_of(base), v, metric)
             if found:
                 family.comparisons.append(found)
     for a, b in _declared(table):
+        if a in diverged or b in diverged:
+            continue
         found = _pair(table, runs, "declared", a, b, metric, f"{a} - {b}")
         if found:
             family.comparisons.append(found)

@@ -5,6 +5,7 @@ See engine/tables/stats.py for the intervals and engine/tables/compare.py for th
 from __future__ import annotations
 
 import csv
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from engine.tables.tuning import Tuned, setting_name
 METRICS = ["test_acc", "val_acc", "best_val_acc", "test_acc_at_best", "steps", "syncs", "comm_bytes", "wall_s", "samples_per_s"]
 RATIOS = ["syncs", "comm_bytes", "wall_s", "samples_per_s"]
 NOT_REACHED = "not reached"
+DIVERGED = "diverged"  # a seed ended with this metric not finite (a NaN or infinite loss): no mean to show
 
 
 def to_target(run_dir: Any, target_value: float, metric: str = "test_acc") -> tuple[Optional[float], Optional[int]]:
@@ -49,6 +51,10 @@ def _cell(rec: dict[str, Any], metric: str, runs: list[Summary], table: TableCon
     accuracy) of one metric over a row's seeds."""
     values_ = [float(r[metric]) for r in runs if isinstance(r.get(metric), (int, float))
                and not isinstance(r.get(metric), bool)]
+    if not all(math.isfinite(v) for v in values_):
+        # a diverged seed's loss is NaN: a mean over the other seeds would hide it, so the cell says so
+        rec[metric], rec[f"{metric}_std"], rec[f"{metric}_ci95"] = DIVERGED, None, None
+        return
     rec[metric] = statistics.fmean(values_) if values_ else None
     rec[f"{metric}_std"] = statistics.stdev(values_) if len(values_) > 1 else None
     rec[f"{metric}_ci95"] = cell_half_width(values_, set_size_of(table, runs, metric))
