@@ -101,9 +101,12 @@ def _recorded(runs: dict[str, dict[int, Summary]], label: str, metric: str) -> d
 
 
 def values(runs: dict[str, dict[int, Summary]], label: str, metric: str) -> dict[int, float]:
-    """A row's finite values of `metric` by seed (a row with a diverged seed is kept out of the
-    family by `build_family`, so no comparison is made on the seeds that are left)."""
-    return {s: v for s, v in _recorded(runs, label, metric).items() if math.isfinite(v)}
+    """A row's values of `metric` by seed; none at all where a seed's is not finite (a loss that
+    diverged): a difference with it has no mean or interval, and comparing the seeds left would
+    report the survivors only, so every comparison with that row (baseline, interaction, declared)
+    finds nothing to compare, and `build_family` notes why."""
+    found = _recorded(runs, label, metric)
+    return found if all(math.isfinite(v) for v in found.values()) else {}
 
 
 def diverged_seeds(runs: dict[str, dict[int, Summary]], label: str, metric: str) -> list[int]:
@@ -218,16 +221,14 @@ def build_family(table: TableConfig, runs: dict[str, dict[int, Summary]], head: 
             family.notes[row.label] = (f"one training rank: {variant_of(row.label) or 'its partition'} has nothing "
                                        f"to split, so this row is {row_of(row.label)} on all the data, not a skewed "
                                        f"result (kept out of the skew interaction)")
-    # a difference with a non-finite value has no mean or interval; dropping the seed would compare
-    # the survivors only, so the row is kept out of every comparison and says why
-    diverged = {row.label: bad for row in table.rows if (bad := diverged_seeds(runs, row.label, metric))}
-    for label, bad in diverged.items():
-        family.notes[label] = "; ".join(filter(None, [
-            family.notes.get(label), f"{metric} not finite on seed {', '.join(map(str, bad))} (diverged), "
-                                     f"so it is compared with no row"]))
+    for row in table.rows:  # `values` gives such a row nothing to compare
+        if bad := diverged_seeds(runs, row.label, metric):
+            family.notes[row.label] = "; ".join(filter(None, [
+                family.notes.get(row.label), f"{metric} not finite on seed {', '.join(map(str, bad))} (diverged), "
+                                             f"so it is compared with no row"]))
     for row in table.rows:
         base = row.baseline or table.baseline
-        if base and base != row.label and row.label not in diverged and base not in diverged:
+        if base and base != row.label:
             found = _pair(table, runs, "baseline", row.label, base, metric, f"{row.label} - {base}")
             if found:
                 family.comparisons.append(found)
@@ -238,14 +239,10 @@ def build_family(table: TableConfig, runs: dict[str, dict[int, Summary]], head: 
             base = row.baseline or table.baseline
             if v in ("", v0) or not base or base == row.label or row.label in family.notes:
                 continue
-            if {f"{row_of(row.label)}@{v0}", f"{row_of(base)}@{v}", f"{row_of(base)}@{v0}"} & set(diverged):
-                continue
             found = _interaction(table, runs, row_of(row.label), row_of(base), v, metric)
             if found:
                 family.comparisons.append(found)
     for a, b in _declared(table):
-        if a in diverged or b in diverged:
-            continue
         found = _pair(table, runs, "declared", a, b, metric, f"{a} - {b}")
         if found:
             family.comparisons.append(found)
