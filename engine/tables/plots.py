@@ -251,22 +251,26 @@ def _difference_bar(rec: dict[str, Any]) -> tuple[float, float]:
     return rec["diff"] - low, high - rec["diff"]
 
 
-def _axis_limit(extents: list[float]) -> Optional[float]:
-    """Half the width of a differences axis that keeps the typical rows readable: None (fit
-    everything) unless a few rows lie more than 8 times further out than the median row's interval
-    end, then twice the 75th percentile of those ends."""
+def _linear_span(extents: list[float]) -> Optional[float]:
+    """Where a differences axis stops being linear: None (one linear axis fits every row) unless
+    the farthest row reaches more than 8 times as far from 0 as the median row, then the median
+    row's reach (half the rows lie wholly within it). Beyond it the axis is logarithmic (symlog), so a panel whose rows differ by
+    orders of magnitude (methods that collapse under skew beside ones within a few images of the
+    baseline) shows every row, its interval drawn in full, and the typical rows still readable."""
     ends = sorted(e for e in extents if e > 0)
     if not ends or ends[-1] <= 8 * ends[len(ends) // 2]:
         return None
-    return 2 * ends[(3 * len(ends)) // 4]
+    return ends[len(ends) // 2]
 
 
 def _differences_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> Any:
     """`intervals`: each row's difference from its baseline (paired by seed, Welch's where marked)
     with its Holm-corrected interval, sorted (best at the top), one panel per variant, on an axis
     scaled to the differences; resolved better green, worse red, the rest grey; 0, the baseline,
-    as a line. Where a few rows lie far out (a method that collapses under skew), the axis keeps
-    the others readable and those rows are drawn as arrows at its edge with their value written."""
+    as a line. Where some rows lie far out, the axis is linear near 0 and logarithmic beyond
+    (`_linear_span`): every row and every interval is drawn where it lies, none clipped."""
+    from matplotlib.ticker import FuncFormatter
+
     metric = table.compare_metric
     sign = headline(table).sign
     ok = [r for r in records if r.get("diff") is not None and r["label"] != r.get("baseline")]
@@ -277,36 +281,32 @@ def _differences_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> 
         rows = sorted((r for r in ok if variant_of(r["label"]) == variant), key=lambda r: sign * r["diff"])
         bars = [_difference_bar(r) for r in rows]
         intervals = any(r.get("diff_low") is not None for r in rows)
-        limit = _axis_limit([e for r, (below, above) in zip(rows, bars)
-                             for e in (abs(r["diff"] - below), abs(r["diff"] + above))])
+        span = _linear_span([max(abs(r["diff"] - below), abs(r["diff"] + above)) for r, (below, above) in zip(rows, bars)])
         for y, (rec, (below, above)) in enumerate(zip(rows, bars)):
-            colour = _verdict_colour(rec, sign)
-            if limit is not None and abs(rec["diff"]) > limit:  # far out: an arrow at the edge, its value written
-                edge = math.copysign(limit, rec["diff"])
-                ax.plot([edge], [y], marker="<" if edge < 0 else ">", ms=7, color=colour)
-                text = f"{rec['diff']:+.3f}" + (f" [{rec['diff'] - below:+.3f}, {rec['diff'] + above:+.3f}]"
-                                                if below or above else "")  # one seed: no interval to write
-                ax.annotate(text,
-                            (edge, y), textcoords="offset points", xytext=(8 if edge < 0 else -8, 3),
-                            ha="left" if edge < 0 else "right", fontsize=7, color=colour)
-                continue
             marker = "s" if rec.get("diff_method") == "welch" else "o"
-            ax.errorbar([rec["diff"]], [y], xerr=[[below], [above]], fmt=marker, ms=4, capsize=2, color=colour)
+            ax.errorbar([rec["diff"]], [y], xerr=[[below], [above]], fmt=marker, ms=4, capsize=2,
+                        color=_verdict_colour(rec, sign))
         ax.axvline(0.0, color="black", lw=0.8, ls="--")
         base = rows[0].get("baseline") if rows else None
         ax.set_yticks(range(len(rows)), [row_of(r["label"]) + (" (Welch)" if r.get("diff_method") == "welch" else "")
                                          for r in rows], fontsize=8)
-        if limit is not None:
-            ax.set_xlim(-1.05 * limit, 1.05 * limit)
-        else:
-            ax.margins(x=0.05)
+        scale = ""
+        ax.margins(x=0.05)
+        if span is not None:
+            ax.set_xscale("symlog", linthresh=span, linscale=2.0)
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:+.3g}" if v else "0"))
+            limits = ax.get_xlim()
+            ax.axvspan(-span, span, color="0.93", zorder=0)
+            ax.set_xlim(limits)  # the shading marks the linear part; it does not widen the axis
+            scale = f"\nlinear within ±{span:.3g} (shaded), logarithmic beyond"
         corrected = ("Holm-corrected interval" if any(r.get("diff_level") not in (None, 0.05) for r in rows) else
                      "95% interval") if intervals else "one seed: no interval"
         ax.set(xlabel=f"{_label(metric)} - {row_of(base) if base else 'baseline'} ({corrected}; "
-                      f"{'higher' if sign > 0 else 'lower'} is better)",
+                      f"{'higher' if sign > 0 else 'lower'} is better{scale})",
                title=f"{variant or table.name}: difference from {row_of(base) if base else 'the baseline'}; "
                      f"green/red = resolved better/worse")
         ax.title.set_fontsize(9)
+        ax.xaxis.label.set_fontsize(8)
         ax.grid(axis="x", lw=0.3)
     _suptitle(fig, table)
     fig.tight_layout()
