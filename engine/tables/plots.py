@@ -400,7 +400,8 @@ def _pareto_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> Any:
     """The final headline value against communicated MB (symlog: a one-process row sends nothing),
     the Pareto front (in the metric's direction) as a step line through its rows (one front per
     variant). Rows are numbered by bytes next to their points and listed beside the axes (15
-    names near one another overprint; numbers stay readable)."""
+    names near one another overprint; numbers stay readable), one line a row: the figure is as
+    tall as its list (55 rows of MNIST-1D overprinted each other in a fixed 5 inches)."""
     metric = table.compare_metric
     sign = headline(table).sign
     low, high = _bounds(metric)
@@ -414,8 +415,10 @@ def _pareto_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> Any:
         members = [i for i, r in enumerate(ok) if variant_of(r["label"]) == v]
         fronts[v] = [members[j] for j in pareto_front([(points[i][0], sign * points[i][1]) for i in members])]
     front = [i for f in fronts.values() for i in f]
-    fig, ax = plt.subplots(figsize=(11, 5))
-    fig.subplots_adjust(left=0.07, right=0.68, top=0.88, bottom=0.11)
+    # the list beside the axes needs a line (0.15 in at 8 pt) a row: the figure grows with the rows
+    height = max(5.0, 1.3 + 0.15 * len(ok))
+    fig, ax = plt.subplots(figsize=(12, height))
+    fig.subplots_adjust(left=0.065, right=0.64, top=1 - 0.6 / height, bottom=0.55 / height)
     ax.errorbar([x for x, _ in points], [y for _, y in points], fmt="o", ms=4, color="tab:gray", capsize=2,
                 xerr=[(r.get("comm_bytes_ci95") or 0.0) / 1e6 for r in ok],
                 yerr=list(zip(*(clipped_error(r[metric], r.get(f"{metric}_ci95"), low, high) for r in ok)))
@@ -425,18 +428,27 @@ def _pareto_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> Any:
         ax.plot([points[i][0] for i in members], [points[i][1] for i in members], "o-", drawstyle="steps-post",
                 color=colours[n % len(colours)], ms=6, zorder=3,
                 label=f"Pareto front{f' ({v})' if v else ''}: no row is as good with fewer bytes")
-    for n, ((x, y), lift) in enumerate(zip(points, _label_lifts([x for x, _ in points])), 1):
-        ax.annotate(str(n), (x, y), textcoords="offset points", xytext=(3, 3 + lift), fontsize=7)
+    ax.set_xscale("symlog")  # before the limits are read: a one-process row sends 0 bytes
     ax.margins(x=0.08, y=0.12)
+    # a point's number stacks away from the nearer edge of the axes, so the stack stays inside
+    bottom, top = ax.get_ylim()
+    up = [y <= (bottom + top) / 2 for _, y in points]
+    lifts = [0.0] * len(points)
+    for side in (True, False):
+        members = [i for i in range(len(points)) if up[i] == side]
+        for i, lift in zip(members, _label_lifts([points[i][0] for i in members])):
+            lifts[i] = lift
+    for n, ((x, y), lift, rising) in enumerate(zip(points, lifts, up), 1):
+        ax.annotate(str(n), (x, y), textcoords="offset points", xytext=(3, 3 + lift if rising else -9 - lift), fontsize=7)
     bars = " (mean, 95% t interval over seeds)" if len(table.seeds) > 1 else ""
-    ax.set(xlabel="communicated MB (all ranks, whole run)", ylabel=f"final {_label(metric)}" + bars, xscale="symlog")
+    ax.set(xlabel="communicated MB (all ranks, whole run)", ylabel=f"final {_label(metric)}" + bars)
     if ok:
         ax.legend(fontsize=8, loc="best")
     ax.set_title(_title(table, f"{_label(metric)} against communication"), fontsize=10)
     for n, (rec, (x, y)) in enumerate(zip(ok, points), 1):
         on_front = n - 1 in front
         colour = colours[variants.index(variant_of(rec["label"])) % len(colours)] if on_front else "black"
-        fig.text(0.70, 0.86 - 0.05 * (n - 1) * 15 / max(len(ok), 15), f"{n:>2}  {rec['label']}: {x:.1f} MB, {y:.4f}",
+        fig.text(0.66, 1 - (0.65 + 0.15 * (n - 1)) / height, f"{n:>2}  {rec['label']}: {x:.1f} MB, {y:.4f}",
                  fontsize=8, family="monospace", color=colour)
     return fig
 
