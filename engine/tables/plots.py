@@ -252,11 +252,12 @@ def _difference_bar(rec: dict[str, Any]) -> tuple[float, float]:
 
 
 def _linear_span(extents: list[float]) -> Optional[float]:
-    """Where a differences axis stops being linear: None (one linear axis fits every row) unless
-    the farthest row reaches more than 8 times as far from 0 as the median row, then the median
-    row's reach (half the rows lie wholly within it). Beyond it the axis is logarithmic (symlog), so a panel whose rows differ by
-    orders of magnitude (methods that collapse under skew beside ones within a few images of the
-    baseline) shows every row, its interval drawn in full, and the typical rows still readable."""
+    """Where a differences axis stops being linear, from each row's reach (the farther end of its
+    interval from 0): None (one linear axis fits every row) unless the farthest row reaches more
+    than 8 times as far as the median row, then the median row's reach, so half the rows lie
+    wholly in the linear part. Beyond it the axis is logarithmic (symlog): a panel whose rows
+    differ by orders of magnitude (methods that collapse under skew beside ones within a few
+    images of the baseline) shows every row with its interval in full, the typical rows readable."""
     ends = sorted(e for e in extents if e > 0)
     if not ends or ends[-1] <= 8 * ends[len(ends) // 2]:
         return None
@@ -281,7 +282,8 @@ def _differences_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> 
         rows = sorted((r for r in ok if variant_of(r["label"]) == variant), key=lambda r: sign * r["diff"])
         bars = [_difference_bar(r) for r in rows]
         intervals = any(r.get("diff_low") is not None for r in rows)
-        span = _linear_span([max(abs(r["diff"] - below), abs(r["diff"] + above)) for r, (below, above) in zip(rows, bars)])
+        span = _linear_span([max(abs(r["diff"] - below), abs(r["diff"] + above))
+                             for r, (below, above) in zip(rows, bars)])
         for y, (rec, (below, above)) in enumerate(zip(rows, bars)):
             marker = "s" if rec.get("diff_method") == "welch" else "o"
             ax.errorbar([rec["diff"]], [y], xerr=[[below], [above]], fmt=marker, ms=4, capsize=2,
@@ -439,7 +441,8 @@ def _pareto_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> Any:
         for i, lift in zip(members, _label_lifts([points[i][0] for i in members])):
             lifts[i] = lift
     for n, ((x, y), lift, rising) in enumerate(zip(points, lifts, up), 1):
-        ax.annotate(str(n), (x, y), textcoords="offset points", xytext=(3, 3 + lift if rising else -9 - lift), fontsize=7)
+        ax.annotate(str(n), (x, y), textcoords="offset points", xytext=(3, 3 + lift if rising else -9 - lift),
+                    fontsize=7)
     bars = " (mean, 95% t interval over seeds)" if len(table.seeds) > 1 else ""
     ax.set(xlabel="communicated MB (all ranks, whole run)", ylabel=f"final {_label(metric)}" + bars)
     if ok:
