@@ -387,6 +387,9 @@ def _workers_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> Any:
     return fig
 
 
+LIST_LINE_IN = 0.15  # one line of pareto.png's list of rows (8 pt monospace), in inches
+
+
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
     """Indices of the (cost, value) points no other point dominates (cost <= and value >=, one of
     them strictly), by increasing cost: the best value each budget of cost can buy."""
@@ -417,8 +420,8 @@ def _pareto_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> Any:
         members = [i for i, r in enumerate(ok) if variant_of(r["label"]) == v]
         fronts[v] = [members[j] for j in pareto_front([(points[i][0], sign * points[i][1]) for i in members])]
     front = [i for f in fronts.values() for i in f]
-    # the list beside the axes needs a line (0.15 in at 8 pt) a row: the figure grows with the rows
-    height = max(5.0, 1.3 + 0.15 * len(ok))
+    # the list beside the axes needs a line a row: the figure grows with the rows
+    height = max(5.0, 1.3 + LIST_LINE_IN * len(ok))
     fig, ax = plt.subplots(figsize=(12, height))
     fig.subplots_adjust(left=0.065, right=0.64, top=1 - 0.6 / height, bottom=0.55 / height)
     ax.errorbar([x for x, _ in points], [y for _, y in points], fmt="o", ms=4, color="tab:gray", capsize=2,
@@ -451,14 +454,15 @@ def _pareto_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> Any:
     for n, (rec, (x, y)) in enumerate(zip(ok, points), 1):
         on_front = n - 1 in front
         colour = colours[variants.index(variant_of(rec["label"])) % len(colours)] if on_front else "black"
-        fig.text(0.66, 1 - (0.65 + 0.15 * (n - 1)) / height, f"{n:>2}  {rec['label']}: {x:.1f} MB, {y:.4f}",
+        fig.text(0.66, 1 - (0.65 + LIST_LINE_IN * (n - 1)) / height, f"{n:>2}  {rec['label']}: {x:.1f} MB, {y:.4f}",
                  fontsize=8, family="monospace", color=colour)
     return fig
 
 
 def _label_lifts(xs: Sequence[float], close: float = 1.3, step: float = 8.0) -> list[float]:
-    """How far (points) to lift each number of points sorted by x so neighbours do not overprint:
-    points within a factor `close` of a cluster's first one stack their numbers upwards."""
+    """How far (points) to move each number of points sorted by x so neighbours do not overprint:
+    points within a factor `close` of a cluster's first one stack their numbers, each a `step`
+    further from its point (the caller chooses the direction)."""
     lifts, start, count = [], None, 0
     for x in xs:
         if start is None or x > start * close or (start <= 0 < x):
