@@ -137,6 +137,14 @@ case "${1:-}" in
     (( ${#files[@]} )) || { echo "no test file $first"; exit 2; }
     echo "${#files[@]} files, $first to ${files[-1]}"
     run_suite "${3:?seconds}" "${4:?workers}" "${@:5}" "${files[@]}" ;;
+  upto)
+    # the files before $2 (those `from $2` leaves out), with the same arguments
+    last=${2:?first test file not to run}; install_site || exit 1
+    mapfile -t files < <({ find tests/compress -name 'test_*.py' | sort; find tests -maxdepth 1 -name 'test_*.py' | sort; } \
+      | awk -v f="$last" '$0 == f {exit} {print}')
+    (( ${#files[@]} )) || { echo "no test file before $last"; exit 2; }
+    echo "${#files[@]} files, ${files[0]} to ${files[-1]}"
+    run_suite "${3:?seconds}" "${4:?workers}" "${@:5}" "${files[@]}" ;;
   rerun)
     limit=${2:?seconds}
     [[ -s $OUT/suite_failed.txt ]] || cp /root/suite_failed.txt "$OUT/" 2>/dev/null
