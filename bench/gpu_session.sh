@@ -113,6 +113,12 @@ suite_summary() {
 # The whole suite (GPU tests included) on $2 xdist workers, cut at $1 seconds, each test limited to 300 s; -v: each
 # outcome is printed as it ends, so a cut run still names its failures. Further arguments (the paths among
 # them) go to pytest.
+# the suite's test files in the order `from` and `upto` cut it: tests/compress first, then tests/
+test_files() {
+  find tests/compress -name 'test_*.py' | sort
+  find tests -maxdepth 1 -name 'test_*.py' | sort
+}
+
 run_suite() {
   local cut=$1 workers=$2; shift 2
   timeout --signal=INT "$cut" python3 -m pytest -p no:cacheprovider -v -rfEs -n "$workers" --timeout 300 "$@" \
@@ -132,16 +138,14 @@ case "${1:-}" in
   suite) run_suite "${2:?seconds}" "${3:-8}" tests ;;
   from)
     first=${2:?first test file}; install_site || exit 1
-    mapfile -t files < <({ find tests/compress -name 'test_*.py' | sort; find tests -maxdepth 1 -name 'test_*.py' | sort; } \
-      | awk -v f="$first" '$0 == f {on = 1} on')
+    mapfile -t files < <(test_files | awk -v f="$first" '$0 == f {on = 1} on')
     (( ${#files[@]} )) || { echo "no test file $first"; exit 2; }
     echo "${#files[@]} files, $first to ${files[-1]}"
     run_suite "${3:?seconds}" "${4:?workers}" "${@:5}" "${files[@]}" ;;
   upto)
     # the files before $2 (those `from $2` leaves out), with the same arguments
     last=${2:?first test file not to run}; install_site || exit 1
-    mapfile -t files < <({ find tests/compress -name 'test_*.py' | sort; find tests -maxdepth 1 -name 'test_*.py' | sort; } \
-      | awk -v f="$last" '$0 == f {exit} {print}')
+    mapfile -t files < <(test_files | awk -v f="$last" '$0 == f {exit} {print}')
     (( ${#files[@]} )) || { echo "no test file before $last"; exit 2; }
     echo "${#files[@]} files, ${files[0]} to ${files[-1]}"
     run_suite "${3:?seconds}" "${4:?workers}" "${@:5}" "${files[@]}" ;;
