@@ -141,7 +141,9 @@ def test_a_stopping_replica_gives_up_a_quorum_that_cannot_form(tmp_path: Path) -
         threading.Timer(0.3, pending.set).start()
         committed, waited = lone.round()
         assert not committed and lone.model.tolist() == [1.0] * 8 and lone.rounds.participants == 1
-        assert cfg.stop_wait_s + 0.3 <= waited <= cfg.stop_wait_s + 0.3 + 1.0, waited
+        # given up by the stop rule, not by the quorum's own timeout (the upper bound is that, not a
+        # wall-clock target, so a loaded machine's scheduling delay is not a failure)
+        assert cfg.stop_wait_s + 0.3 <= waited < cfg.quorum_timeout_s, waited
         assert lone.rounds.stop_note == "no round could complete within ft.stop_wait_s=1"
         assert lone.rounds.record[-1][1:3] == [1, False]
     finally:
