@@ -20,7 +20,9 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 SELF="$REPO/scripts/$(basename "$0")"
 DIR=${TABLES_DIR:-/tmp/tables}
-TABLES=${TABLES:-"head_to_head_mnist1d_cpu head_to_head_lm_cpu"}  # workers_cpu: produced
+# the tables still to make; a produced one leaves the list, since a start would otherwise re-run its
+# pinned gather (the MNIST-1D one failed there, on a NaN the later code handles) before going on
+TABLES=${TABLES:-"head_to_head_lm_cpu"}  # workers_cpu, head_to_head_mnist1d_cpu: produced
 PY="$REPO/.venv/bin/python"
 WT="$DIR/worktree"
 
