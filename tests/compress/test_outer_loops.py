@@ -180,7 +180,7 @@ def test_local_sgd_compressed_delta_equals_reference() -> None:
 def _streaming_flight(rank: int, world: int, tmp: str, exchange_s: float) -> dict[str, Any]:
     """A Streaming DiLoCo run whose every outer exchange takes `exchange_s` more (a slow link) and
     whose every inner step `STEP_MS` (train.imbalance.delay_ms): for each exchange, how many inner
-    steps the trainer began between the exchange's start and its end on the communication thread."""
+    steps the trainer began between the exchange's launch and its end on the communication thread."""
     import time
 
     from dist_algos.compress.outer import OuterExchange
@@ -188,14 +188,18 @@ def _streaming_flight(rank: int, world: int, tmp: str, exchange_s: float) -> dic
     from tests.support.harness import train_in_rank
 
     begun = [0]  # inner steps begun so far (the plugin's step is entered once per inner step)
+    launched: dict[tuple[int, int], int] = {}  # (fragment, step) -> inner steps begun at its launch
     flights: list[int] = []
-    combine, step = OuterExchange._combine, DiLoCo.step
+    combine, launch, step = OuterExchange._combine, OuterExchange.launch, DiLoCo.step
+
+    def mark(self: OuterExchange, f: int, flat: Any, at: int, steps_done: int) -> None:
+        launched[(f, at)] = begun[0]  # on the training thread, so a late-starting thread is no excuse
+        launch(self, f, flat, at, steps_done)
 
     def slow(self: OuterExchange, f: int, delta: torch.Tensor, at: int) -> Any:
-        first = begun[0]
         time.sleep(exchange_s)
         out = combine(self, f, delta, at)
-        flights.append(begun[0] - first)
+        flights.append(begun[0] - launched.get((f, at), begun[0]))  # synchronous: never launched, 0
         return out
 
     def counted(self: DiLoCo, ctx: Any) -> None:
@@ -203,6 +207,7 @@ def _streaming_flight(rank: int, world: int, tmp: str, exchange_s: float) -> dic
         step(self, ctx)
 
     OuterExchange._combine = slow  # type: ignore[method-assign]
+    OuterExchange.launch = mark  # type: ignore[method-assign]
     DiLoCo.step = counted  # type: ignore[method-assign]
     over = ["algo=diloco", "algo.inner_steps=6", "algo.fragments=1", f"algo.overlap_steps={TAU}", "train.max_steps=24",
             f"train.imbalance.delay_ms={STEP_MS}", "model.width=8", "train.eval_every_epochs=null", "launch.nproc=2"]
@@ -218,12 +223,12 @@ def test_streaming_overlap_runs_inner_steps_while_the_exchange_is_in_flight(tmp_
     first three exchanges (launched at steps 6, 12, 18, slowed by 1 s on a link) has inner steps
     begun while it is in flight, and no more than tau of them, because the trainer waits for it
     when it is due; the fourth is launched at the last step, so none follow it. A synchronous
-    exchange blocks the trainer, so 0 would be counted for each. Not a wall-clock bound: the earlier
-    form (waiting under 1.25 s) failed on a loaded CI machine when one rank fell behind the other,
-    which made the peer's collective, not the overlap, the wait. The margin left is that an inner
-    step of 100 ms starts within the exchange's 1 s. (The third sees fewer than tau: at the epoch's end,
-    step 20, the trainer's evaluation or checkpoint waits for what is in flight.) The numbers are the synchronous order's:
-    test_composed_diloco_equals_reference."""
+    exchange blocks the trainer, so 0 would be counted for each. (The third sees fewer than tau:
+    at the epoch's end, step 20, the trainer's evaluation or checkpoint waits for what is in
+    flight.) Not a wall-clock bound: the earlier form (waiting under 1.25 s) failed on a loaded CI
+    machine when one rank fell behind the other, which made the peer's collective, not the
+    overlap, the wait. The margin left is that an inner step of 100 ms starts within the exchange's
+    1 s. The numbers are the synchronous order's: test_composed_diloco_equals_reference."""
     ranks = run_ranks(_streaming_flight, 2, str(tmp_path), 1.0, timeout=300)
     assert ranks[0]["syncs"] == 4, ranks  # the summary (rank 0's) counts the synchronisations
     for got in ranks:
