@@ -110,15 +110,15 @@ suite_summary() {
   cp "$OUT/suite_failed.txt" /root/; echo "failed or errored: $(wc -l < "$OUT/suite_failed.txt")"
 }
 
-# The whole suite (GPU tests included) on $2 xdist workers, cut at $1 seconds, each test limited to 300 s; -v: each
-# outcome is printed as it ends, so a cut run still names its failures. Further arguments (the paths among
-# them) go to pytest.
 # the suite's test files in the order `from` and `upto` cut it: tests/compress first, then tests/
 test_files() {
   find tests/compress -name 'test_*.py' | sort
   find tests -maxdepth 1 -name 'test_*.py' | sort
 }
 
+# The whole suite (GPU tests included) on $2 xdist workers, cut at $1 seconds, each test limited to 300 s; -v: each
+# outcome is printed as it ends, so a cut run still names its failures. Further arguments (the paths among
+# them) go to pytest.
 run_suite() {
   local cut=$1 workers=$2; shift 2
   timeout --signal=INT "$cut" python3 -m pytest -p no:cacheprovider -v -rfEs -n "$workers" --timeout 300 "$@" \

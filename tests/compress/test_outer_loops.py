@@ -224,8 +224,8 @@ def test_streaming_overlap_runs_inner_steps_while_the_exchange_is_in_flight(tmp_
     begun while it is in flight, and no more than tau of them, because the trainer waits for it
     when it is due; the fourth is launched at the last step, so none follow it. A synchronous
     exchange blocks the trainer, so 0 would be counted for each. (The third sees fewer than tau:
-    at the epoch's end, step 20, the trainer's evaluation or checkpoint waits for what is in
-    flight.) Not a wall-clock bound: the earlier form (waiting under 1.25 s) failed on a loaded CI
+    the checkpoint at the epoch's end, step 20 (checkpoint.every_epochs=1; evaluation is off), waits
+    for what is in flight.) Not a wall-clock bound: the earlier form (waiting under 1.25 s) failed on a loaded CI
     machine when one rank fell behind the other, which made the peer's collective, not the
     overlap, the wait. The margin left is that an inner step of 100 ms starts within the exchange's
     1 s. The numbers are the synchronous order's: test_composed_diloco_equals_reference."""
