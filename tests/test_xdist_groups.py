@@ -1,0 +1,57 @@
+"""The suite's own scheduling: pytest.ini runs it on two pytest-xdist workers with `--dist loadgroup`,
+and two kinds of module rely on their `xdist_group` keeping them on one worker: the emulated-host
+modules (conftest.py's HOST_MODULES: network namespaces, sshd and SLURM daemons, which only contend
+two at a time) and tests/test_data_pipelines.py (its data sets and per-pipeline reports are built
+once per worker). pytest 9.2 with pytest-xdist 3.8 dropped every group without a word (a test's
+name became a structured id that xdist cannot suffix), so requirements.txt pins pytest 9.1.1; this
+fails if a version change drops them again.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+GROUPED = '''
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+OUT = Path(__file__).parent / "ran"
+
+
+def record(kind: str, i: int) -> None:
+    time.sleep(0.2)  # long enough that an idle worker would take the next test
+    (OUT / f"{kind}_{i}").write_text(os.environ["PYTEST_XDIST_WORKER"])
+
+
+@pytest.mark.xdist_group("together")
+@pytest.mark.parametrize("i", range(6))
+def test_grouped(i: int) -> None:
+    record("grouped", i)
+
+
+@pytest.mark.parametrize("i", range(6))
+def test_free(i: int) -> None:
+    record("free", i)
+'''
+
+
+def test_an_xdist_group_runs_on_one_worker_and_the_rest_spread(tmp_path: Path) -> None:
+    (tmp_path / "ran").mkdir()
+    (tmp_path / "test_grouped.py").write_text(GROUPED)
+    # the repository's pytest.ini (its -n and --dist), on a throw-away test file
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-c", str(REPO / "pytest.ini"), "--rootdir", str(tmp_path),
+                           "-p", "no:cacheprovider", "-q", str(tmp_path / "test_grouped.py")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ran = {p.name: p.read_text() for p in (tmp_path / "ran").iterdir()}
+    grouped = {w for name, w in ran.items() if name.startswith("grouped_")}
+    free = {w for name, w in ran.items() if name.startswith("free_")}
+    assert len(ran) == 12
+    assert len(grouped) == 1, f"the group ran on {sorted(grouped)}: `--dist loadgroup` ignored its xdist_group"
+    assert len(free) == 2, f"ungrouped tests ran on {sorted(free)} only: the suite is not spread over two workers"
