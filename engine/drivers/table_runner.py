@@ -35,7 +35,7 @@ from core.errors import UserError
 from core.provenance import OUTPUT_FOLDERS_ENV, code_version
 from core.rundir import RunDir
 from data.sets import DATASETS
-from engine.config import load_run_config
+from engine.config import RunConfig, load_run_config
 from engine.tables.across import across_lines, read_verdicts
 from engine.tables.compare import n_examples
 from engine.tables.config import (RowConfig, SplitSeeds, TableConfig, TableLauncher, headline, load_table, row_args,
@@ -57,7 +57,12 @@ REPO = Path(__file__).resolve().parents[2]
 def describe_row(args: list[str]) -> str:
     """Compose and validate a row's config (raises UserError naming the problem); one line."""
     cfg = compose(config_name="config", overrides=[a for a in args if not a.startswith("hydra.")])
-    rc = load_run_config(cfg)
+    return describe_run(load_run_config(cfg))
+
+
+def describe_run(rc: RunConfig) -> str:
+    """A composed run in one line (the dry run's line for a row), apart from composing it, so that a
+    caller holding the config (the tests of every shipped table) does not compose it twice."""
     return (f"{rc.algo.name} | {rc.model['name']} on {rc.data.name} ({rc.data.pipeline}) | "
             f"{rc.launch.nproc} ranks/node | batch {rc.train.global_batch_size or rc.train.batch_size}"
             f"{' global' if rc.train.global_batch_size else '/rank'} | {rc.optim.name} lr {rc.optim.lr:g} | "
