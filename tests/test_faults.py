@@ -159,7 +159,9 @@ def test_corrupted_checkpoint_falls_back_to_the_previous_one(tmp_path: Path) -> 
 
 def test_wrong_world_size_is_refused_before_launch(cli_env: dict, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    first = run_cli(["launch.nproc=2", "train.max_steps=12", "train.stop_after=6", f"hydra.run.dir={run_dir}"], cli_env)
+    # the checkpoint to refuse (forked ranks: the launcher is not what is tested here)
+    first = run_cli(["launch.nproc=2", "launch.launcher=fork", "train.max_steps=12", "train.stop_after=6",
+                     f"hydra.run.dir={run_dir}"], cli_env)
     assert first.returncode == 0, first.stderr[-2000:]
     second = run_cli(["launch.nproc=4", "train.max_steps=12", f"hydra.run.dir={run_dir}"], cli_env, timeout=60)
     assert second.returncode == 2
