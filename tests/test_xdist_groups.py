@@ -35,13 +35,13 @@ def test_grouped(i: int) -> None:
     record("grouped", i)
 
 
-@pytest.mark.parametrize("i", range(6))
+@pytest.mark.parametrize("i", range(6))  # ungrouped, beside them, as in the suite
 def test_free(i: int) -> None:
     record("free", i)
 '''
 
 
-def test_an_xdist_group_runs_on_one_worker_and_the_rest_spread(tmp_path: Path) -> None:
+def test_an_xdist_group_runs_on_one_worker(tmp_path: Path) -> None:
     (tmp_path / "ran").mkdir()
     (tmp_path / "test_grouped.py").write_text(GROUPED)
     # the repository's pytest.ini (its -n and --dist), on a throw-away test file
@@ -49,9 +49,8 @@ def test_an_xdist_group_runs_on_one_worker_and_the_rest_spread(tmp_path: Path) -
                            "-p", "no:cacheprovider", "-q", str(tmp_path / "test_grouped.py")],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # each test read its worker's name (a run without xdist workers fails there, on a KeyError)
     ran = {p.name: p.read_text() for p in (tmp_path / "ran").iterdir()}
     grouped = {w for name, w in ran.items() if name.startswith("grouped_")}
-    free = {w for name, w in ran.items() if name.startswith("free_")}
     assert len(ran) == 12
     assert len(grouped) == 1, f"the group ran on {sorted(grouped)}: `--dist loadgroup` ignored its xdist_group"
-    assert len(free) == 2, f"ungrouped tests ran on {sorted(free)} only: the suite is not spread over two workers"
