@@ -57,12 +57,26 @@ def run_ok(args: list[str], env: dict, timeout: float = 600) -> subprocess.Compl
     return proc
 
 
-# allreduce: collectives only; local SGD and WAGMA: collectives on their own schedules (WAGMA's
-# groups are sub-process groups every rank makes); dgs: a parameter server, whose serving thread
-# the fork must start in each rank afresh
-@pytest.mark.parametrize("algo", ["allreduce", "local_sgd", "wagma", "dgs"])
+# allreduce: collectives only; WAGMA: collectives on its own schedule (its groups are sub-process
+# groups every rank makes); dgs: a parameter server, whose serving thread the fork must start in
+# each rank afresh; local SGD below, with the resume across the two starts
+@pytest.mark.parametrize("algo", ["allreduce", "wagma", "dgs"])
 def test_fork_and_launcher_give_bit_identical_final_states(algo: str, cli_env: dict, tmp_path: Path) -> None:
     assert_same_runs([*SHORT, *ALGOS[algo], "launch.nproc=4"], 4, cli_env, tmp_path)
+
+
+def test_local_sgd_under_both_starts_and_resumed_across_them_ends_bit_identical(cli_env: dict, tmp_path: Path) -> None:
+    """Local SGD's periodic averaging gives the same final state under both starts; and a run
+    stopped under DeepSpeed's launcher and resumed with forked ranks ends there too: the checkpoint
+    is one format whichever start wrote it, the ranks the same code."""
+    args = [*SHORT, *ALGOS["local_sgd"], "launch.nproc=4"]
+    assert_same_runs(args, 4, cli_env, tmp_path)
+    run_dir = tmp_path / "launcher_then_fork"
+    run_ok([*args, "train.stop_after=5", f"hydra.run.dir={run_dir}"], cli_env)
+    assert newest_complete(run_dir).step == 5
+    run_ok([*args, *FORK, f"hydra.run.dir={run_dir}"], cli_env)
+    assert json.loads((run_dir / "summary.json").read_text())["resumed_from"] == 5
+    assert_same_states(tmp_path / "fork", run_dir, 4)
 
 
 def test_sixteen_forked_ranks_end_as_sixteen_launched_ones(cli_env: dict, tmp_path: Path) -> None:
@@ -112,19 +126,6 @@ def test_a_rank_finds_torch_imported_before_the_fork(cli_env: dict, tmp_path: Pa
     imported = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("IMPORTED "))[9:])
     heavy = [m for m in imported if m.split(".")[0] in ("torch", "sympy", "triton")]
     assert "torch._dynamo" not in imported and len(heavy) < 10, heavy
-
-
-def test_resume_across_the_two_starts_is_exact(cli_env: dict, tmp_path: Path) -> None:
-    """A run stopped under DeepSpeed's launcher and resumed with forked ranks ends where a straight
-    run ends: the checkpoint is one format whichever start wrote it, the ranks the same code."""
-    args = [*SHORT, *ALGOS["local_sgd"], "launch.nproc=4"]
-    run_ok([*args, *FORK, f"hydra.run.dir={tmp_path / 'straight'}"], cli_env)
-    run_dir = tmp_path / "launcher_then_fork"
-    run_ok([*args, "train.stop_after=5", f"hydra.run.dir={run_dir}"], cli_env)
-    assert newest_complete(run_dir).step == 5
-    run_ok([*args, *FORK, f"hydra.run.dir={run_dir}"], cli_env)
-    assert json.loads((run_dir / "summary.json").read_text())["resumed_from"] == 5
-    assert_same_states(tmp_path / "straight", run_dir, 4)
 
 
 LONG = ["train.max_steps=100000", "train.eval_every_epochs=null", "checkpoint.every_steps=20",
