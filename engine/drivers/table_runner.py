@@ -54,10 +54,15 @@ from engine.tables.tuning import (Setting, TunePolicy, Tuned, choose, extend_gri
 REPO = Path(__file__).resolve().parents[2]
 
 
+def compose_row(args: list[str]) -> RunConfig:
+    """A run's validated config from its cli.py arguments (`row_args`; the hydra.* ones are the
+    launch's, not the config's); a mistake raises UserError naming the problem."""
+    return load_run_config(compose(config_name="config", overrides=[a for a in args if not a.startswith("hydra.")]))
+
+
 def describe_row(args: list[str]) -> str:
-    """Compose and validate a row's config (raises UserError naming the problem); one line."""
-    cfg = compose(config_name="config", overrides=[a for a in args if not a.startswith("hydra.")])
-    return describe_run(load_run_config(cfg))
+    """Compose and validate a row's config; one line."""
+    return describe_run(compose_row(args))
 
 
 def describe_run(rc: RunConfig) -> str:
@@ -81,8 +86,7 @@ def per_seed_options(table: TableConfig, out: Path) -> TableConfig:
     rows = []
     for row in table.rows:
         args = row_args(table, row, table.seeds[0], row_dir(out, row, table.seeds[0]))
-        name = load_run_config(compose(config_name="config",
-                                       overrides=[a for a in args if not a.startswith("hydra.")])).data.name
+        name = compose_row(args).data.name
         redrawn = DATASETS.get(name).per_seed_split
         if not redrawn:
             raise UserError(f"table.split_seeds=per_seed: row {row.label} trains on data={name}, whose test set is "
