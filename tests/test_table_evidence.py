@@ -222,6 +222,7 @@ def test_settings_within_the_validation_sets_resolution_get_a_second_seed_then_t
 
     text = "\n".join(_tuning_lines(table, {"r": result}, []))
     assert "Chosen within noise" in text and "r (2 contenders on 2 seeds, decided by val_loss)" in text
+    assert "decided by the best mean val_loss, then the best mean val_acc, then grid order" in text
     # a clear winner (30 images apart) needs no second seed
     clear = tmp_path / "clear"
     for lr, correct in ((0.03, 100), (0.1, 140), (0.3, 90)):
@@ -329,8 +330,10 @@ def test_a_loss_tuned_on_one_seed_has_contenders_within_its_stated_resolution(tm
     result = chosen(stated, tmp_path)["r"]
     assert result.seeds == [0, 100] and result.within_noise
     assert set(result.contenders) == {(("optim.lr", 1e-3),), (("optim.lr", 3e-3),)}
-    assert "or whose mean is within table.tune_resolution = 0.0125 of the best," in "\n".join(
-        _tuning_lines(stated, {"r": result}, []))
+    text = "\n".join(_tuning_lines(stated, {"r": result}, []))
+    assert "or whose mean is within table.tune_resolution = 0.0125 of the best," in text
+    # selected and tie-broken by one loss: the rule names it once, and no accuracy is claimed
+    assert "decided by the best mean val_loss, then grid order" in text and "No test result chose" in text
 
 
 def test_a_run_has_diverged_when_it_ends_no_better_than_it_began(tmp_path: Path) -> None:

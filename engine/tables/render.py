@@ -184,6 +184,14 @@ def _fmt_diff(rec: dict[str, Any]) -> str:
     return f"{rec['diff']:+.4f} [{low:+.4f}, {high:+.4f}]{mark}{unpaired}"
 
 
+def _tie_rule_text(tie_metric: str, select_metric: str) -> str:
+    """Step 5's order (engine/tables/tuning.py): the tie metric, then the selection metric, which is
+    named once where the two are the same metric (a loss-selected table breaks ties by that loss)."""
+    if tie_metric == select_metric:
+        return f"the best mean {tie_metric}"
+    return f"the best mean {tie_metric}, then the best mean {select_metric}"
+
+
 def _tuning_lines(table: TableConfig, tuned: dict[str, Tuned], failed: list[str]) -> list[str]:
     """The grids, each setting's mean validation result (and tie metric), and the chosen setting;
     the rows chosen within noise, at an edge, or with extended grids."""
@@ -191,13 +199,13 @@ def _tuning_lines(table: TableConfig, tuned: dict[str, Tuned], failed: list[str]
     lines = ["## Tuning", "",
              f"Each tuned row ran its grid on seeds {table.tune_seeds}; the setting with the best mean "
              f"{first.metric} (validation) was then run on seeds {table.seeds}, whose test "
-             f"results are above. Test accuracy chose nothing. Settings whose validation results are not "
+             f"results are above. No test result chose anything. Settings whose validation results are not "
              f"told apart from the best (the interval of their paired difference, floored by the validation "
              f"set's size, includes 0){_resolution_text(table, first.metric)} are contenders; a one-seed grid with "
              f"several contenders ran again on "
              f"tuning seed(s) {tie_seeds(table)}; {_margin_text(table)}"
-             f"the contenders left are decided by the best mean {table.tie_metric}, then the best mean "
-             f"{first.metric}, then grid order (engine/tables/tuning.py).", "",
+             f"the contenders left are decided by {_tie_rule_text(table.tie_metric, first.metric)}, then grid "
+             f"order (engine/tables/tuning.py).", "",
              f"| row | setting | mean {first.metric} | runs | chosen | mean {table.tie_metric} | contender |",
              "|---|---|---|---|---|---|---|"]
     for label, result in tuned.items():
