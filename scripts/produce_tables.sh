@@ -58,7 +58,7 @@ case "${1:-}" in
 start)
     [ -x "$PY" ] || { echo "produce_tables: no $PY; run scripts/setup_env.sh first" >&2; exit 1; }
     first=${TABLES%% *}
-    if pgrep -f "produce_tables.sh loop" >/dev/null || pgrep -f "table.store=$(store "$first")" >/dev/null; then
+    if pgrep -f "produce_tables.sh loop $DIR\$" >/dev/null || pgrep -f "table.store=$(store "$first")" >/dev/null; then
         echo "produce_tables: already running (scripts/produce_tables.sh pause stops it)" >&2; exit 1
     fi
     commit=${2:-$(started_at "$first")}
@@ -73,7 +73,8 @@ start)
         git -C "$REPO" worktree add -q --detach "$WT" "$commit"
     fi
     # a named COMMIT continues stores begun at another one (the tables list both)
-    (cd "$DIR" && CONTINUE_AT_COMMIT=${2:+1} setsid nohup "$SELF" loop >> "$DIR/chain.log" 2>&1 < /dev/null &)
+    # (the loop is named by its TABLES_DIR, so that pause stops this chain's loop and no other)
+    (cd "$DIR" && CONTINUE_AT_COMMIT=${2:+1} setsid nohup "$SELF" loop "$DIR" >> "$DIR/chain.log" 2>&1 < /dev/null &)
     echo "producing $TABLES at $(git -C "$WT" rev-parse --short HEAD); logs in $DIR"
     ;;
 loop)
@@ -81,16 +82,21 @@ loop)
     ;;
 pause)
     touch "$DIR/paused"
-    pkill -f "produce_tables.sh loop" || true
-    runner=$(pgrep -f "cli.py table=" | head -1 || true)
+    pkill -f "produce_tables.sh loop $DIR\$" || true
+    runner=$(pgrep -f "cli.py table=[^ ]* hydra.run.dir=$DIR/" | head -1 || true)
     log=$(ls -t "$DIR"/*.log 2>/dev/null | grep -v chain.log | head -1 || true)
     run=""
     [ -n "$log" ] && run=$(grep -oE ": (running|resuming) \([^)]*\)" "$log" | tail -1 | sed -E 's/.*\((.*)\)/\1/' || true)
     [ -n "$runner" ] && kill -9 "$runner"
     if [ -n "$run" ] && pgrep -f "hydra.run.dir=$run" >/dev/null; then
-        touch "$run/stop_request"
         echo "asked $run to checkpoint and stop"
-        for _ in $(seq 1 150); do pgrep -f "hydra.run.dir=$run" >/dev/null || { echo "paused"; exit 0; }; sleep 2; done
+        # touched again at each wait: the launch counts only a request newer than its own start, so a
+        # single touch in a run's first seconds can land before that stamp and be taken as stale
+        for _ in $(seq 1 150); do
+            pgrep -f "hydra.run.dir=$run" >/dev/null || { echo "paused"; exit 0; }
+            touch "$run/stop_request"
+            sleep 2
+        done
         echo "produce_tables: $run still running after 300 s" >&2; exit 1
     fi
     echo "paused"
