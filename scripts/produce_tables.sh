@@ -25,6 +25,9 @@ DIR=${TABLES_DIR:-/tmp/tables}
 TABLES=${TABLES:-"head_to_head_lm_cpu"}  # workers_cpu, head_to_head_mnist1d_cpu: produced
 PY="$REPO/.venv/bin/python"
 WT="$DIR/worktree"
+# this chain's loop, as pgrep sees it: started with its TABLES_DIR, so that pause and start act on
+# this chain's loop and no other
+LOOP_MATCH="produce_tables.sh loop $DIR\$"
 
 store() { echo "$REPO/docs/results/$1/store"; }
 
@@ -58,7 +61,7 @@ case "${1:-}" in
 start)
     [ -x "$PY" ] || { echo "produce_tables: no $PY; run scripts/setup_env.sh first" >&2; exit 1; }
     first=${TABLES%% *}
-    if pgrep -f "produce_tables.sh loop $DIR\$" >/dev/null || pgrep -f "table.store=$(store "$first")" >/dev/null; then
+    if pgrep -f "$LOOP_MATCH" >/dev/null || pgrep -f "table.store=$(store "$first")" >/dev/null; then
         echo "produce_tables: already running (scripts/produce_tables.sh pause stops it)" >&2; exit 1
     fi
     commit=${2:-$(started_at "$first")}
@@ -73,7 +76,6 @@ start)
         git -C "$REPO" worktree add -q --detach "$WT" "$commit"
     fi
     # a named COMMIT continues stores begun at another one (the tables list both)
-    # (the loop is named by its TABLES_DIR, so that pause stops this chain's loop and no other)
     (cd "$DIR" && CONTINUE_AT_COMMIT=${2:+1} setsid nohup "$SELF" loop "$DIR" >> "$DIR/chain.log" 2>&1 < /dev/null &)
     echo "producing $TABLES at $(git -C "$WT" rev-parse --short HEAD); logs in $DIR"
     ;;
@@ -82,7 +84,7 @@ loop)
     ;;
 pause)
     touch "$DIR/paused"
-    pkill -f "produce_tables.sh loop $DIR\$" || true
+    pkill -f "$LOOP_MATCH" || true
     runner=$(pgrep -f "cli.py table=[^ ]* hydra.run.dir=$DIR/" | head -1 || true)
     log=$(ls -t "$DIR"/*.log 2>/dev/null | grep -v chain.log | head -1 || true)
     run=""
