@@ -248,3 +248,61 @@ def test_what_fork_cannot_do_is_one_line(args: list[str], words: list[str], cli_
     assert proc.returncode == 2, proc.stderr[-2000:]
     line = error_line(proc)
     assert all(w in line for w in words), line
+
+
+# A forked leader and its ranks, started from a process whose Python handlers for the stop signals
+# are installed (as `run_launcher` installs them before it starts the ranks): each rank records
+# its SIGUSR1 disposition as it starts, and whether /proc says it catches SIGUSR1 then
+DISPOSITION_PROBE = """
+import json, os, signal, sys
+from engine.drivers.fork_ranks import ForkedRanks
+from engine.launch.remote import catches
+out = sys.argv[1]
+def body():
+    seen = {"usr1_default": signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL,
+            "catches_usr1": catches(os.getpid(), signal.SIGUSR1),
+            "leader_catches_usr1": catches(os.getppid(), signal.SIGUSR1)}
+    with open(os.path.join(out, "rank_" + os.environ["RANK"] + ".json"), "w") as fh:
+        fh.write(json.dumps(seen))
+    return 0
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+    signal.signal(s, lambda signum, frame: print("launcher's handler ran in", os.getpid(), flush=True))
+sys.exit(ForkedRanks(2, "127.0.0.1", 29998, dict(os.environ), body).wait())
+"""
+
+
+def test_a_forked_rank_starts_with_sigusr1_at_its_default_not_the_launchers_handler(tmp_path: Path) -> None:
+    """A fork inherits Python's signal handlers, an exec does not: a forked rank would start with
+    cli.py's SIGUSR1 handler, which /proc reports as caught, so the rank watch took the rank as
+    ready for a stop before the rank had its own handler, and a stop in the first seconds of a
+    forked launch was printed by that inherited copy and lost (the run went on to its end). The
+    leader and its ranks start as a new interpreter would: SIGUSR1 at its default."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-c", DISPOSITION_PROBE, str(tmp_path)], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for rank in range(2):
+        seen = json.loads((tmp_path / f"rank_{rank}.json").read_text())
+        assert seen == {"usr1_default": True, "catches_usr1": False, "leader_catches_usr1": False}, (rank, seen)
+
+
+def test_a_stop_in_a_forked_launchs_first_moments_checkpoints_and_stops(cli_env: dict, tmp_path: Path) -> None:
+    """SIGUSR1 to cli.py as soon as its ranks exist, before they can take it: cli.py holds it until
+    every rank has its own handler, then the ranks checkpoint at their next agreed step and stop
+    (stopped.json), instead of running to their end (scripts/produce_tables.sh's `pause`, 2 s
+    into an 8-rank forked run, was lost so)."""
+    run_dir = tmp_path / "run"
+    args = ["train.max_steps=2000", "train.eval_every_epochs=null", "checkpoint.every_epochs=null",
+            "train.progress=false", "launch.nproc=2", *FORK, f"hydra.run.dir={run_dir}"]
+    proc = start_cli(args, cli_env)
+    try:
+        wait_for(lambda: (run_dir / "logs" / "rank_0.pid").exists() or proc.poll() is not None, 240,
+                 "the first rank to start")
+        proc.send_signal(signal.SIGUSR1)
+        _, stderr = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr[-2000:]
+    stopped = newest_complete(run_dir)
+    assert (run_dir / "stopped.json").exists() and not (run_dir / "summary.json").exists(), stderr[-2000:]
+    assert stopped is not None and stopped.step < 2000 and stopped.extra["reason"] == "signal", stopped
