@@ -15,7 +15,7 @@ import torch
 from core.run_files import read_step
 from engine.checkpoint import files as ckpt
 from tests.support.harness import free_port, run_ranks, train_in_rank
-from tests.support.cli_runs import CLI, REPO, error_line, run_cli, start_cli
+from tests.support.cli_runs import CLI, REPO, error_line, run_cli, signal_cli_when, start_cli
 from tests.support.processes import wait_for
 
 LONG = ["train.max_steps=100000", "train.eval_every_epochs=null", "checkpoint.every_steps=20",
@@ -115,15 +115,10 @@ def test_sigterm_checkpoints_and_exits_zero_then_same_command_finishes(cli_env: 
     # DeepSpeed's runner across two hosts, tests/test_restart.py its per-node launcher)
     args = ["train.max_steps=400", "train.eval_every_epochs=null", "checkpoint.every_epochs=null",
             "train.progress=false", "launch.nproc=2", "launch.launcher=fork", f"hydra.run.dir={run_dir}"]
-    proc = start_cli(args, cli_env)
-    try:
-        wait_for(lambda: (run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").stat().st_size > 0,
-                 240, "training to start")
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, stderr[-2000:]
+    code, stderr = signal_cli_when(
+        args, cli_env, lambda: (run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").stat().st_size > 0,
+        "training to start", signal.SIGTERM)
+    assert code == 0, stderr[-2000:]
     stopped = newest_complete(run_dir)
     assert stopped is not None and 0 < stopped.step < 400 and stopped.extra["reason"] == "signal"
     assert "run the same command to continue" in stderr

@@ -20,7 +20,7 @@ from core.run_files import read_step
 from engine.drivers.fork_ranks import check_fork_safe, job_exit_code
 from engine.launch.commands import forked_rank_env
 from engine.launch.procs import alive
-from tests.support.cli_runs import REPO, error_line, run_cli, start_cli
+from tests.support.cli_runs import REPO, error_line, run_cli, signal_cli_when, start_cli
 from tests.support.processes import wait_for
 from tests.test_faults import newest_complete
 from tests.test_resume_registry import diff
@@ -294,15 +294,9 @@ def test_a_stop_in_a_forked_launchs_first_moments_checkpoints_and_stops(cli_env:
     run_dir = tmp_path / "run"
     args = ["train.max_steps=2000", "train.eval_every_epochs=null", "checkpoint.every_epochs=null",
             "train.progress=false", "launch.nproc=2", *FORK, f"hydra.run.dir={run_dir}"]
-    proc = start_cli(args, cli_env)
-    try:
-        wait_for(lambda: (run_dir / "logs" / "rank_0.pid").exists() or proc.poll() is not None, 240,
-                 "the first rank to start")
-        proc.send_signal(signal.SIGUSR1)
-        _, stderr = proc.communicate(timeout=240)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, stderr[-2000:]
+    code, stderr = signal_cli_when(args, cli_env, (run_dir / "logs" / "rank_0.pid").exists, "the first rank to start",
+                                   signal.SIGUSR1)
+    assert code == 0, stderr[-2000:]
     stopped = newest_complete(run_dir)
     assert (run_dir / "stopped.json").exists() and not (run_dir / "summary.json").exists(), stderr[-2000:]
     assert stopped is not None and stopped.step < 2000 and stopped.extra["reason"] == "signal", stopped

@@ -18,7 +18,10 @@ import os
 import runpy
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+from tests.support.processes import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = str(REPO / "cli.py")
@@ -35,6 +38,20 @@ def start_cli(args: list[str], env: dict[str, str]) -> subprocess.Popen:
     kills or watches it."""
     return subprocess.Popen([sys.executable, CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, cwd=REPO)
+
+
+def signal_cli_when(args: list[str], env: dict[str, str], ready: Callable[[], object], what: str, sig: int,
+                    timeout: float = 240) -> tuple[int, str]:
+    """Start cli.py, send it `sig` once `ready()` holds (`what`, named if it never does), and
+    return its exit code and stderr once it ends; it is killed if the test fails first."""
+    proc = start_cli(args, env)
+    try:
+        wait_for(ready, timeout, what)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    return proc.returncode, stderr
 
 
 def run_cli_here(args: list[str]) -> subprocess.CompletedProcess:
