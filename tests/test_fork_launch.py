@@ -271,15 +271,15 @@ sys.exit(ForkedRanks(2, "127.0.0.1", 29998, dict(os.environ), body).wait())
 """
 
 
-def test_a_forked_rank_starts_with_sigusr1_at_its_default_not_the_launchers_handler(tmp_path: Path) -> None:
+def test_a_forked_rank_starts_with_sigusr1_at_its_default_not_the_launchers_handler(cli_env: dict,
+                                                                                      tmp_path: Path) -> None:
     """A fork inherits Python's signal handlers, an exec does not: a forked rank would start with
     cli.py's SIGUSR1 handler, which /proc reports as caught, so the rank watch took the rank as
     ready for a stop before the rank had its own handler, and a stop in the first seconds of a
     forked launch was printed by that inherited copy and lost (the run went on to its end). The
     leader and its ranks start as a new interpreter would: SIGUSR1 at its default."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, "-c", DISPOSITION_PROBE, str(tmp_path)], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=120)
+                          env=cli_env, cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     for rank in range(2):
         seen = json.loads((tmp_path / f"rank_{rank}.json").read_text())

@@ -49,13 +49,10 @@ import torch
 import torch.distributed
 
 from engine.launch.commands import forked_rank_env
+from engine.train.stop import HANDLED as STOP_HANDLED
 
 #: seconds between a rank's failure and the killing of the others (see `_lead`)
 FAILED_RANK_GRACE_S = 1.0
-
-#: the signals run_launcher handles in cli.py, which the leader and its ranks start without, as a
-#: launched rank (a new interpreter) does; each installs its own (`_lead`, engine.train.stop)
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 #: the body of one rank: train as the rank the environment names, and end the process (as cli.py
 #: ends a launched rank: engine.rank.entry.exit_process); returning, its value is the exit code
@@ -128,8 +125,10 @@ class ForkedRanks:
                 # a fork keeps cli.py's Python handlers, an exec resets them: without this the
                 # ranks would start with run_launcher's SIGUSR1 handler, which /proc reports as
                 # caught, so the rank watch would deliver a stop before a rank had its own
-                # handler, and that inherited copy would print it and drop it
-                for sig in STOP_SIGNALS:
+                # handler, and that inherited copy would print it and drop it. The stop signals
+                # start at their defaults, as in a launched rank, until the leader (`_lead`) and
+                # each rank (engine.train.stop) install their own
+                for sig in STOP_HANDLED:
                     signal.signal(sig, signal.SIG_DFL)
                 if ignore_signal is not None:  # the job manager's signal: not for the ranks
                     signal.signal(ignore_signal, signal.SIG_IGN)
