@@ -34,6 +34,11 @@
 #                                       ceiling; then the suite without the GPU tests on 10 xdist workers in the
 #                                       background while the foreground runs DiLoCo on 4 ranks sharing the GPU
 #                                       through DALI and the GPU tests (DALI's decoding included); logs in $OUT
+#   bench/gpu_session.sh lm_ab [ROUNDS]  install; the language model's runner against its bare loop (bf16, compiled)
+#                                       in the older tree .ab/ and in this one, alternating, ROUNDS (3) times each:
+#                                       whether the runner's per-step cost or the host moved the ratio. Made here with
+#                                       `mkdir .ab && git archive REV -- . ':!docs/results' | tar -x -C .ab` (and
+#                                       /.ab/ in .git/info/exclude), carried with .whl; the ratios in $OUT/lm_ab.log
 #   bench/gpu_session.sh shard K N [SECONDS]  shard K of N of the test files, tests/compress/ included (by size,
 #                                       round robin), without the GPU tests, on 12 xdist workers, cut at SECONDS (540),
 #                                       each test limited to 300 s; names of failures and errors in $OUT/shard_K.log
@@ -208,6 +213,16 @@ case "${1:-}" in
     python3 -m pytest -p no:cacheprovider -q -rfEs -k "dali" tests 2>&1 | tee "$OUT/dali_tests.log" | tail -15
     python3 bench/throughput.py "${DALI_CEILING[@]}" 2>&1 | tee "$OUT/throughput_dali.log" | tail -6
     python3 bench/gpu_checks.py --only dali_shared 2>&1 | tee "$OUT/dali_shared.log" | tail -2 ;;
+  lm_ab)
+    [[ -f .ab/bench/task_throughput.py ]] || { echo "no older tree in .ab/ (see the usage above)"; exit 2; }
+    install_site || exit 1
+    for i in $(seq "${2:-3}"); do
+      for tree in .ab .; do
+        ratio=$(cd "$tree" && timeout 150 python3 bench/task_throughput.py --tasks lm --device cuda \
+          --lm-recipe lm/shakespeare_gpu --compile --rounds 1 --warmup 20 --steps 100 --log-every 20 2>&1 | tail -1)
+        echo "round $i, tree $tree: $ratio" | tee -a "$OUT/lm_ab.log"
+      done
+    done ;;
   gpu)
     python3 -m pytest -p no:cacheprovider -q -rfEs -m gpu --timeout 400 tests/test_gpu.py 2>&1 \
       | tee "$OUT/gpu_tests.log" | tail -20 ;;
