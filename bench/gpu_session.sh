@@ -58,6 +58,9 @@ CIFAR_CEILING=(--model resnet18 --batch 512 --pipelines device --train-images 50
                --log-every 10)
 DALI_CEILING=(--data imagenet --pipelines dali --model resnet50 --batch 256 --train-images 12800 --workers 14
               --warmup 10 --steps 30 --log-every 5)
+# the language model's runner against its bare loop (bench/task_throughput.py), one round, bf16 and compiled
+LM_AGAINST_BARE=(--tasks lm --device cuda --lm-recipe lm/shakespeare_gpu --compile --rounds 1 --warmup 20 --steps 100
+                 --log-every 20)
 
 # the tests earlier sessions left open: the loader-worker resume on the GPU, fault-tolerant QSR against its plain twin
 OPEN_TESTS=(tests/test_gpu.py::test_resume_with_loader_workers_on_the_gpu_is_identical
@@ -172,8 +175,7 @@ case "${1:-}" in
     limit=${2:?seconds}; t0=$SECONDS
     install_site || exit 1
     timeout 150 python3 bench/throughput.py "${CIFAR_CEILING[@]}" 2>&1 | tee "$OUT/throughput_cifar.log" | tail -4
-    timeout 170 python3 bench/task_throughput.py --tasks lm --device cuda --lm-recipe lm/shakespeare_gpu --compile \
-      --rounds 1 --warmup 20 --steps 100 --log-every 20 2>&1 | tee "$OUT/lm_throughput.log" | tail -5
+    timeout 170 python3 bench/task_throughput.py "${LM_AGAINST_BARE[@]}" 2>&1 | tee "$OUT/lm_throughput.log" | tail -5
     echo "measured by $((SECONDS - t0)) s"
     suite_beside lm_shared ;;
   piece) piece ;;
@@ -218,8 +220,7 @@ case "${1:-}" in
     install_site || exit 1
     for i in $(seq "${2:-3}"); do
       for tree in .ab .; do
-        ratio=$(cd "$tree" && timeout 150 python3 bench/task_throughput.py --tasks lm --device cuda \
-          --lm-recipe lm/shakespeare_gpu --compile --rounds 1 --warmup 20 --steps 100 --log-every 20 2>&1 | tail -1)
+        ratio=$(cd "$tree" && timeout 150 python3 bench/task_throughput.py "${LM_AGAINST_BARE[@]}" 2>&1 | tail -1)
         echo "round $i, tree $tree: $ratio" | tee -a "$OUT/lm_ab.log"
       done
     done ;;

@@ -43,10 +43,11 @@ def start_cli(args: list[str], env: dict[str, str]) -> subprocess.Popen:
 def signal_cli_when(args: list[str], env: dict[str, str], ready: Callable[[], object], what: str, sig: int,
                     timeout: float = 240) -> tuple[int, str]:
     """Start cli.py, send it `sig` once `ready()` holds (`what`, named if it never does), and
-    return its exit code and stderr once it ends; it is killed if the test fails first."""
+    return its exit code and stderr once it ends; it is killed if the test fails first. A cli.py
+    that ends before `ready()` ends the wait at once, so the caller's assertions show its stderr."""
     proc = start_cli(args, env)
     try:
-        wait_for(ready, timeout, what)
+        wait_for(lambda: ready() or proc.poll() is not None, timeout, what)
         proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=timeout)
     finally:
