@@ -19,6 +19,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 #: modules whose tests make network namespaces, sshd, SLURM daemons or tc qdiscs: one xdist worker
 #: runs them one after another (each is several processes on two hosts; two at once only contend)
 HOST_MODULES = {"test_multinode", "test_multinode_slurm", "test_ft_multinode", "test_network"}
+#: modules whose module-scoped fixture starts gloo ranks or trains (4-20 s each on CI's machine):
+#: an xdist group each, so that the fixture runs once in the suite, not once on each worker
+RANK_FIXTURE_MODULES = {"test_wagma", "test_local_sgd", "test_lsgd", "test_easgd", "test_powersgd", "test_diloco",
+                        "test_budgets", "test_error_feedback", "test_outer_loops"}
 
 
 def _keep_bytecode_for_children() -> None:
@@ -40,8 +44,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in HOST_MODULES:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else ""
+        if module in HOST_MODULES:
             item.add_marker(pytest.mark.xdist_group("hosts"))
+        elif module in RANK_FIXTURE_MODULES:
+            item.add_marker(pytest.mark.xdist_group(module))
     import torch
 
     if torch.cuda.is_available():

@@ -55,8 +55,9 @@ def test_a_stopped_rank_is_named_with_its_step_within_the_timeout(cli_env: dict,
     dist.timeout_s and then blame nobody. The job must end within dist.timeout_s + 15 s naming
     that rank and the step it stopped at."""
     run_dir, timeout_s = tmp_path / "run", 20
+    # forked ranks: the rank watch is cli.py's, whichever start (CI's 30 minutes)
     proc = start_cli(["train.max_steps=100000", "train.eval_every_epochs=null", "checkpoint.every_epochs=null",
-                      "train.progress=false", "launch.nproc=2", f"dist.timeout_s={timeout_s}",
+                      "train.progress=false", "launch.nproc=2", "launch.launcher=fork", f"dist.timeout_s={timeout_s}",
                       f"hydra.run.dir={run_dir}"], cli_env)
     pid = None
     try:

@@ -36,28 +36,20 @@ def replica_step(run_dir: Path, index: int) -> int:
         return -1
 
 
-
-@pytest.mark.parametrize("algo,min_acc,sig", [
-    (["algo=local_sgd", "algo.period=4"], 0.8, signal.SIGKILL),
-    # DiLoCo's default outer step (lr 0.7, Nesterov 0.9) is unstable on digits in 200 steps even
-    # without failures (loss 2.5 at step 70, test accuracy 0.66): no accuracy bar for it here.
-    # Its replica is stopped (SIGSTOP), not killed: it lives but its heartbeat stops, and the
-    # supervisor kills it alone by pid after stall_after_s(dist.timeout_s=20) = 10 s; one run
-    # covers both a kill between fragments' rounds and the stall watch (CI's 30 minutes)
-    (["algo=diloco", "algo.inner_steps=4", "algo.fragments=2", "dist.timeout_s=20"], None, signal.SIGSTOP),
-], ids=["local_sgd_killed", "diloco_2_fragments_stalled"])
-def test_a_killed_replica_is_replaced_heals_and_the_job_succeeds(algo: list[str], min_acc: float | None,
-                                                                   sig: signal.Signals, cli_env: dict,
-                                                                   tmp_path: Path) -> None:
-    err = fail_one_replica_and_check(algo, min_acc, cli_env, tmp_path, sig)
-    if sig == signal.SIGKILL:
-        assert "replica 1 died (exit code -9); restarting it" in err
-    else:
-        assert "syncopt: replica 1 (pid" in err and "killing it alone" in err, err[-3000:]
+# DiLoCo's default outer step (lr 0.7, Nesterov 0.9) is unstable on digits in 200 steps even without
+# failures (loss 2.5 at step 70, test accuracy 0.66): no accuracy bar for it here. Local SGD's replica
+# killed by SIGKILL, with the accuracy bar, is tests/test_ft_multinode.py's job over two hosts (the
+# same supervisor, kill, heal and rejoin checks), so not run here again (CI's 30 minutes).
+def test_a_stalled_replica_is_killed_alone_replaced_heals_and_the_job_succeeds(cli_env: dict, tmp_path: Path) -> None:
+    """Its replica is stopped (SIGSTOP), not killed: it lives but its heartbeat stops, and the
+    supervisor kills it alone by pid after stall_after_s(dist.timeout_s=20) = 10 s. One run covers
+    a kill between DiLoCo's fragments' rounds and the stall watch."""
+    err = fail_one_replica_and_check(["algo=diloco", "algo.inner_steps=4", "algo.fragments=2", "dist.timeout_s=20"],
+                                     cli_env, tmp_path, signal.SIGSTOP)
+    assert "syncopt: replica 1 (pid" in err and "killing it alone" in err, err[-3000:]
 
 
-def fail_one_replica_and_check(algo: list[str], min_acc: float | None, cli_env: dict, tmp_path: Path,
-                               sig: signal.Signals) -> str:
+def fail_one_replica_and_check(algo: list[str], cli_env: dict, tmp_path: Path, sig: signal.Signals) -> str:
     run_dir = tmp_path / "run"
     start = time.monotonic()
     job = start_cli([*algo, "ft.enabled=true", "launch.nproc=3", "train.max_steps=200",
@@ -86,7 +78,7 @@ def fail_one_replica_and_check(algo: list[str], min_acc: float | None, cli_env: 
     assert (healed_step, healed_digest) in sent, (replacement["healed_state"], sent)
     # and rejoined: the last rounds have all three again, committed on every replica
     assert all(r[1] == 3 and r[2] for r in survivor["participants"][-2:]), survivor["participants"]
-    assert summary["steps"] == 200 and (min_acc is None or summary["test_acc"] > min_acc), summary
+    assert summary["steps"] == 200, summary
     # every replica ends with the same model (BatchNorm statistics aside, which stay per replica)
     accs = [json.loads((run_dir / f"replicas/{i}/summary.json").read_text())["test_acc"] for i in range(3)]
     assert max(accs) - min(accs) <= 0.03, accs
@@ -263,9 +255,10 @@ def test_without_failures_fault_tolerant_qsr_equals_the_plain_run(cli_env: dict,
     same run: the same schedule of rounds, the same loss to float rounding (torchft sums then
     divides where the plain group averages), every round with all three replicas."""
     results = {}
-    for ft in ("true", "false"):
+    # the plain run's ranks forked (fault-tolerant mode starts its replicas itself; CI's 30 minutes)
+    for ft, start in (("true", []), ("false", ["launch.launcher=fork"])):
         run_dir = tmp_path / ft
-        proc = run_cli(["algo=local_sgd", "algo.sync_schedule=qsr", f"ft.enabled={ft}", "launch.nproc=3",
+        proc = run_cli(["algo=local_sgd", "algo.sync_schedule=qsr", f"ft.enabled={ft}", "launch.nproc=3", *start,
                         "train.max_steps=100", f"hydra.run.dir={run_dir}"], cli_env, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         results[ft] = json.loads((run_dir / "summary.json").read_text())

@@ -194,9 +194,11 @@ def test_injected_stall_is_named_by_the_rank_watch(cli_env: dict, tmp_path: Path
     """faults.stall freezes the rank's whole process (its heartbeat too): the watch ends the job
     within dist.timeout_s, naming the rank, the step and the stopped state, as after SIGSTOP."""
     run_dir = tmp_path / "run"
-    # steps slowed to 0.3 s so that a heartbeat (every 2 s) has reported a step before the stall
-    proc = run_cli(["launch.nproc=2", "train.max_steps=200", "dist.timeout_s=20", "faults.stall=[1@15:120]",
-                    "train.imbalance.delay_ms=300", *QUIET, f"hydra.run.dir={run_dir}"], cli_env, timeout=240)
+    # steps slowed to 0.3 s so that a heartbeat (every 2 s) has reported a step before the stall;
+    # forked ranks (the rank watch is cli.py's, whichever start; CI's 30 minutes)
+    proc = run_cli(["launch.nproc=2", "launch.launcher=fork", "train.max_steps=200", "dist.timeout_s=20",
+                    "faults.stall=[1@15:120]", "train.imbalance.delay_ms=300", *QUIET, f"hydra.run.dir={run_dir}"],
+                   cli_env, timeout=240)
     assert proc.returncode == 1, proc.stderr[-2000:]
     line = error_line(proc)
     assert "rank 1 stopped making progress at step" in line and "stopped state" in line, line
@@ -208,8 +210,10 @@ def test_restart_all_job_killed_as_a_whole_resumes_from_its_checkpoint(cli_env: 
     """A restart-all job (one automatic restart behind it) is killed with its supervisor; the same
     command continues from the newest checkpoint, and the fault that fired does not fire again."""
     run_dir = tmp_path / "run"
-    args = ["launch.nproc=2", "train.max_steps=100000", "checkpoint.every_steps=10", "faults.kill=[1@15]",
-            "launch.max_restarts=1", "train.log_every_steps=5", *QUIET, f"hydra.run.dir={run_dir}"]
+    # forked ranks: restart-all is cli.py's loop, whichever start (CI's 30 minutes)
+    args = ["launch.nproc=2", "launch.launcher=fork", "train.max_steps=100000", "checkpoint.every_steps=10",
+            "faults.kill=[1@15]", "launch.max_restarts=1", "train.log_every_steps=5", *QUIET,
+            f"hydra.run.dir={run_dir}"]
     proc = start_cli(args, cli_env)
     try:
         wait_for(lambda: any(e["event"] == "resume" for e in FaultLog(run_dir).events())

@@ -4,7 +4,8 @@ tau, every rank equal right after each global average, and no update lost or cou
 each global average equals the start plus every rank's SGD steps over the number of ranks).
 
 One `run_ranks` call per world size runs every variant (module-scoped fixtures), because
-starting gloo ranks is the expensive part.
+starting gloo ranks is the expensive part (and one xdist worker runs the module: conftest.py's
+RANK_FIXTURE_MODULES).
 """
 from __future__ import annotations
 
