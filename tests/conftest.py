@@ -23,6 +23,11 @@ HOST_MODULES = {"test_multinode", "test_multinode_slurm", "test_ft_multinode", "
 #: an xdist group each, so that the fixture runs once in the suite, not once on each worker
 RANK_FIXTURE_MODULES = {"test_wagma", "test_local_sgd", "test_lsgd", "test_easgd", "test_powersgd", "test_diloco",
                         "test_budgets", "test_error_feedback", "test_outer_loops"}
+#: each module's xdist group (`--dist loadgroup` keeps a group on one worker): the emulated hosts
+#: together; the data-pipeline module, whose data sets and per-pipeline reports are built once per
+#: worker; each of RANK_FIXTURE_MODULES on its own
+XDIST_GROUPS = {**dict.fromkeys(HOST_MODULES, "hosts"), "test_data_pipelines": "pipelines",
+                **{module: module for module in RANK_FIXTURE_MODULES}}
 
 
 def _keep_bytecode_for_children() -> None:
@@ -44,11 +49,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        module = item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else ""
-        if module in HOST_MODULES:
-            item.add_marker(pytest.mark.xdist_group("hosts"))
-        elif module in RANK_FIXTURE_MODULES:
-            item.add_marker(pytest.mark.xdist_group(module))
+        group = XDIST_GROUPS.get(item.module.__name__.rsplit(".", 1)[-1]) if item.module is not None else None
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
     import torch
 
     if torch.cuda.is_available():

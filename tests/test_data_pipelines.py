@@ -54,9 +54,8 @@ SHARDS, BATCH = 2, 8
 CIFAR_TRAIN, CIFAR_TEST = 96, 24  # 6 batches per shard: the shards cover the set exactly
 FOLDER_CLASSES, FOLDER_TRAIN, FOLDER_VAL = 3, 48, 12  # 3 batches per shard
 CHILD_TIMEOUT = 240
-# one xdist worker runs this module: its data sets (`data_root`) and each pipeline's report
-# (`_report`) are built once per worker, so spreading the tests over two built them twice
-pytestmark = pytest.mark.xdist_group("pipelines")
+# one xdist worker runs this module (conftest.py's XDIST_GROUPS): its data sets (`data_root`) and
+# each pipeline's report (`_report`) are built once per worker
 
 
 def data_overrides(name: str, pipeline: str, root: str) -> list[str]:

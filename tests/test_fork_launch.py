@@ -94,16 +94,19 @@ def test_sixteen_forked_ranks_end_as_sixteen_ranks_the_harness_starts(cli_env: d
     forked, harness = tmp_path / "fork", tmp_path / "harness"
     run_ok([*args, *FORK, f"hydra.run.dir={forked}"], cli_env)
     run_ranks(train_in_rank, 16, args, str(harness), timeout=300)
-    assert_same_states(forked, harness, 16)
-    a, b = (json.loads((d / "summary.json").read_text()) for d in (forked, harness))
-    assert (a["test_acc"], a["test_loss"], a["comm_bytes"]) == (b["test_acc"], b["test_loss"], b["comm_bytes"])
+    assert_same_results(forked, harness, 16)
 
 
 def assert_same_runs(args: list[str], world: int, cli_env: dict, tmp_path: Path) -> None:
     run_ok([*args, f"hydra.run.dir={tmp_path / 'launcher'}"], cli_env)
     run_ok([*args, *FORK, f"hydra.run.dir={tmp_path / 'fork'}"], cli_env)
-    assert_same_states(tmp_path / "launcher", tmp_path / "fork", world)
-    a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("launcher", "fork"))
+    assert_same_results(tmp_path / "launcher", tmp_path / "fork", world)
+
+
+def assert_same_results(a_dir: Path, b_dir: Path, world: int) -> None:
+    """Two runs of one job: the same final checkpoint on every rank, the same test figures and bytes sent."""
+    assert_same_states(a_dir, b_dir, world)
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (a_dir, b_dir))
     assert (a["test_acc"], a["test_loss"], a["comm_bytes"]) == (b["test_acc"], b["test_loss"], b["comm_bytes"])
 
 

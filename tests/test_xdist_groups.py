@@ -1,11 +1,11 @@
 """The suite's own scheduling: pytest.ini runs it on two pytest-xdist workers with `--dist loadgroup`,
 and two kinds of module rely on their `xdist_group` keeping them on one worker: the emulated-host
 modules (conftest.py's HOST_MODULES: network namespaces, sshd and SLURM daemons, which only contend
-two at a time), tests/test_data_pipelines.py and conftest.py's RANK_FIXTURE_MODULES (their data sets,
-per-pipeline reports and module-scoped ranks are built once per worker). pytest 9.2 with
-pytest-xdist 3.8 dropped every group without a word (a test's name became a structured id that xdist
-cannot suffix), so requirements.txt pins pytest 9.1.1; this fails if a version change drops them
-again.
+two at a time), tests/test_data_pipelines.py and conftest.py's RANK_FIXTURE_MODULES (their data
+sets, per-pipeline reports and module-scoped ranks are built once per worker), all named in
+XDIST_GROUPS. pytest 9.2 with pytest-xdist 3.8 dropped every group without a word (a test's name
+became a structured id that xdist cannot suffix), so requirements.txt pins pytest 9.1.1; this fails
+if a version change drops them again.
 """
 from __future__ import annotations
 
