@@ -339,12 +339,12 @@ def test_resume_is_bit_exact_with_qsr_fields_and_bn_recompute(tmp_path: Any) -> 
     """QSR's H and round log, optimizer fields that join the flat buffer only at the first sync
     (before the checkpoint in one run, at set-up in the resumed one) and BN re-estimation at
     every eval: an interrupted-and-resumed run must still equal the uninterrupted one."""
-    from tests.test_resume_registry import algo_overrides, resume_scenario
+    from tests.test_resume_registry import algo_overrides, resume_configs, resume_scenario
 
     overrides = algo_overrides("local_sgd") + [
         "optim=adamw", "algo.sync_schedule=qsr", "algo.alpha=0.01", "algo.period=2", "algo.warmup_period=3",
         "sched.warmup_steps=4", "algo.average_optimizer_fields=[exp_avg,exp_avg_sq]", "algo.bn=recompute",
         "algo.bn_batches=4", "algo.bn_micro_batch=8"]
-    diffs = run_ranks(resume_scenario, 2, overrides, str(tmp_path), timeout=300)
+    diffs = run_ranks(resume_scenario, 2, resume_configs(overrides), str(tmp_path), timeout=300)
     for rank, d in enumerate(diffs):
         assert not d, f"rank {rank}: resumed state differs at {d[:10]}"

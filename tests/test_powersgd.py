@@ -175,9 +175,9 @@ def test_bad_settings_are_one_line_user_errors(override: dict[str, Any], message
 def test_resume_is_bit_exact_without_warm_start(tmp_path: Any) -> None:
     """Without warm start the Q's are drawn afresh every step (the k-th draw from seed + k), so
     the count of draws must survive a resume; with rank 1 every matrix is compressed."""
-    from tests.test_resume_registry import algo_overrides, resume_scenario
+    from tests.test_resume_registry import algo_overrides, resume_configs, resume_scenario
 
     overrides = algo_overrides("powersgd") + ["algo.warm_start=false", "algo.rank=1", "algo.start_iter=3"]
-    diffs = run_ranks(resume_scenario, 2, overrides, str(tmp_path), timeout=300)
+    diffs = run_ranks(resume_scenario, 2, resume_configs(overrides), str(tmp_path), timeout=300)
     for rank, d in enumerate(diffs):
         assert not d, f"rank {rank}: resumed state differs at {d[:10]}"

@@ -26,7 +26,7 @@ import torch
 from core.errors import UserError
 from core.spec import ImageSpec, TextSpec
 from core.task import task_for
-from tests.support.harness import REPO, compose, run_ranks
+from tests.support.harness import REPO, rank_config, run_ranks
 
 RECIPES = REPO / "recipes"
 #: what makes a step of each set cheap: a small MNIST-1D, a one-layer GPT on short windows
@@ -36,45 +36,43 @@ SHRINK = {"cpu_mnist1d": ["data.num_samples=2000"],
 COMMON = ["train.max_steps=1", "resume=null", "checkpoint.every_steps=null", "checkpoint.every_epochs=null"]
 
 
-def recipes_by_world() -> dict[int, list[str]]:
-    """Every recipe of the task sets, grouped by its ranks (one `run_ranks` call per group, so
-    each rank renders the corpus and generates MNIST-1D once)."""
-    groups: dict[int, list[str]] = defaultdict(list)
+def configs_by_world() -> dict[int, dict[str, Any]]:
+    """Every recipe of the task sets, composed once with its shrink (`rank_config`, handed to every
+    rank) and grouped by its ranks (one `run_ranks` call per group, so each rank renders the corpus
+    and generates MNIST-1D once)."""
+    groups: dict[int, dict[str, Any]] = defaultdict(dict)
     for folder in SHRINK:
         for path in sorted((RECIPES / folder).glob("[!_]*.yaml")):
             recipe = f"{folder}/{path.stem}"
-            groups[compose([f"recipe={recipe}"]).launch.nproc].append(recipe)
+            config = rank_config([f"recipe={recipe}", *SHRINK[folder], *COMMON])
+            groups[config.launch.nproc][recipe] = config
     return groups
 
 
-def one_step_each(rank: int, world: int, recipes: list[str], tmp: str) -> dict[str, Any]:
-    import engine.report.run_report as run_report
-    from tests.support.harness import train_in_rank
+def one_step_each(rank: int, world: int, configs: dict[str, Any], tmp: str) -> dict[str, Any]:
+    """Each recipe's step on this rank, from its config as the test composed it (`rank_config`)."""
+    from tests.support.harness import no_run_plots, train_in_rank
 
-    # a run's plots cost about 0.25 s of CPU each (one or two per recipe, 56 recipes) and are
-    # another test's subject (test_a_language_model_run_reports_the_task_metrics): none drawn here
-    run_report.plot_run = run_report.plot_series = lambda *args, **kwargs: None
+    # plots are another test's subject (test_a_language_model_run_reports_the_task_metrics)
+    no_run_plots()
     out = {}
-    for recipe in recipes:
-        folder = recipe.split("/")[0]
+    for recipe, config in configs.items():
         run_dir = f"{tmp}/{recipe.replace('/', '_')}"
-        summary = train_in_rank(rank, world, [f"recipe={recipe}", *SHRINK[folder], *COMMON], run_dir)
+        summary = train_in_rank(rank, world, config, run_dir)
         ckpt = torch.load(Path(run_dir) / "checkpoints" / "step_00000001" / f"rank_{rank}.pt", weights_only=True)
         model = ckpt["model"]
         out[recipe] = {"summary": summary, "params": {k: v for k, v in model.items() if v.is_floating_point()}}
     return out
 
 
-def initial_params(recipe: str) -> dict[str, torch.Tensor]:
-    """The model a run of `recipe` starts from (seeded as the trainer seeds it)."""
+def initial_params(config: Any) -> dict[str, torch.Tensor]:
+    """The model a run of `config` starts from (seeded as the trainer seeds it)."""
     from engine.train.rng import seed_everything
     from models import build_model
     from data import data_spec
 
-    folder = recipe.split("/")[0]
-    cfg = compose([f"recipe={recipe}", *SHRINK[folder], *COMMON])
-    seed_everything(cfg.seed)
-    model = build_model(cfg.model, data_spec(cfg.data))
+    seed_everything(config.seed)
+    model = build_model(config.model, data_spec(config.data))
     return {k: v for k, v in model.state_dict().items() if v.is_floating_point()}
 
 
@@ -82,11 +80,10 @@ def initial_params(recipe: str) -> dict[str, torch.Tensor]:
 def test_every_plugin_trains_a_step_on_each_new_task(tmp_path: Path) -> None:
     from dist_algos import list_algorithms
 
-    groups = recipes_by_world()
     trained = set()
-    for world, recipes in groups.items():
-        ranks = run_ranks(one_step_each, world, recipes, str(tmp_path / f"w{world}"), timeout=600)
-        for recipe in recipes:
+    for world, configs in configs_by_world().items():
+        ranks = run_ranks(one_step_each, world, configs, str(tmp_path / f"w{world}"), timeout=600)
+        for recipe, config in configs.items():
             summaries = [r[recipe]["summary"] for r in ranks if r[recipe]["summary"] is not None]
             assert len(summaries) == 1, f"{recipe}: one reporting rank"
             s = summaries[0]
@@ -96,7 +93,7 @@ def test_every_plugin_trains_a_step_on_each_new_task(tmp_path: Path) -> None:
             metric = "test_bpc" if lm else "test_acc"
             assert math.isfinite(s["test_loss"]) and metric in s, f"{recipe}: {sorted(s)}"
             assert s["best_metric"] == ("val_loss" if lm else "val_acc"), recipe
-            start = initial_params(recipe)
+            start = initial_params(config)
             moved = [any(not torch.equal(r[recipe]["params"][k], start[k]) for k in start) for r in ranks]
             assert any(moved), f"{recipe}: no rank's model moved in its step"
             trained.add((recipe.split("/")[0], s["algo"]))
