@@ -20,7 +20,7 @@ import torch
 
 from dist_algos import get_algorithm, list_algorithms
 from dist_algos.base import DistAlgorithm, Scenario
-from tests.support.harness import no_run_plots, rank_config, run_ranks, train_in_rank
+from tests.support.harness import rank_config, run_ranks, train_in_rank
 from tests.support.registry import env_of, lookup, optimizer_overrides, scenario_ids, scenario_values, task_overrides, \
     world_of
 
@@ -71,7 +71,6 @@ def resume_scenario(rank: int, world: int, runs: list[str] | list[Any], tmp: str
     steps, a stop and a resume. `runs`: overrides that set `train.max_steps` to `steps` (each rank
     composes the three runs), or the `resume_configs` of such overrides and `stop`."""
     straight, stopped, resumed = resume_runs(runs, stop) if isinstance(runs[0], str) else runs
-    no_run_plots()  # the checkpoints are compared, not the curves
     full, split = f"{tmp}/full", f"{tmp}/split"
     train_in_rank(rank, world, straight, full)
     train_in_rank(rank, world, stopped, split)

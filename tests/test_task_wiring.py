@@ -51,10 +51,8 @@ def configs_by_world() -> dict[int, dict[str, Any]]:
 
 def one_step_each(rank: int, world: int, configs: dict[str, Any], tmp: str) -> dict[str, Any]:
     """Each recipe's step on this rank, from its config as the test composed it (`rank_config`)."""
-    from tests.support.harness import no_run_plots, train_in_rank
+    from tests.support.harness import train_in_rank
 
-    # plots are another test's subject (test_a_language_model_run_reports_the_task_metrics)
-    no_run_plots()
     out = {}
     for recipe, config in configs.items():
         run_dir = f"{tmp}/{recipe.replace('/', '_')}"
@@ -235,7 +233,7 @@ def lm_run(rank: int, world: int, tmp: str) -> Any:
 
 @pytest.mark.timeout(300)
 def test_a_language_model_run_reports_the_task_metrics(tmp_path: Path) -> None:
-    summary = next(s for s in run_ranks(lm_run, 2, str(tmp_path), timeout=280) if s is not None)
+    summary = next(s for s in run_ranks(lm_run, 2, str(tmp_path), timeout=280, plots=True) if s is not None)
     records = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if r.get("kind") == "eval"]
     assert [r["step"] for r in evals] == [4, 8, 12]

@@ -10,7 +10,12 @@ with the Python stacks of every thread of the hung ranks and of the processes th
 (loader workers, say), so that a hang seen only on another machine names where it waits.
 
 `compose(overrides)` builds a validated `RunConfig` exactly as cli.py would, for trainer runs
-inside those ranks (`train_in_rank`).
+inside those ranks (`train_in_rank`); `rank_config` composes one for every rank to share.
+
+Trainer runs in these ranks draw no plots (curves.png, a schedule plot) unless the test asks
+(`plots=True`): the reporting rank spends about 0.5 s of CPU on each, more than a test's short
+run trains, and the suite's hundreds of such runs are compared by their checkpoints, metrics and
+summaries. Runs through cli.py (tests/test_cli.py, the tables, the launchers) draw them.
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ CONF = REPO / "conf"
 
 
 def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, args: tuple,
-           env: dict[str, str], device: str) -> None:
+           env: dict[str, str], device: str, plots: bool) -> None:
     # SIGUSR2 writes every thread's stack to a file run_ranks reads when it gives up on the rank.
     # The handler and the open file survive fork, so the processes this rank forks (loader
     # workers) answer it too, into the same file. (SIGUSR1 is the trainer's stop request.)
@@ -45,6 +50,8 @@ def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, ar
                        "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank % local_size),
                        "LOCAL_SIZE": str(local_size), "OMP_NUM_THREADS": "1", **env})
     torch.set_num_threads(1)
+    if not plots:
+        no_run_plots()
     out = Path(out_dir) / f"rank_{rank}.pt"
     try:
         import torch.distributed as dist
@@ -112,13 +119,14 @@ def _context() -> Any:
 
 
 def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 120.0,
-              env: dict[str, str] | None = None, device: str = "cpu") -> list[Any]:
+              env: dict[str, str] | None = None, device: str = "cpu", plots: bool = False) -> list[Any]:
     """fn(rank, world_size, *args) on `world_size` gloo ranks; returns the results by rank.
-    `device`: the ranks' `dist.device` (auto: share the GPUs where there are any)."""
+    `device`: the ranks' `dist.device` (auto: share the GPUs where there are any); `plots`: let
+    trainer runs draw their plots (the module's docstring says why they do not by default)."""
     with tempfile.TemporaryDirectory() as tmp:
         ctx = _context()
         port = free_port()
-        procs = [ctx.Process(target=_entry, args=(r, world_size, port, tmp, fn, args, dict(env or {}), device))
+        procs = [ctx.Process(target=_entry, args=(r, world_size, port, tmp, fn, args, dict(env or {}), device, plots))
                  for r in range(world_size)]
         for p in procs:
             p.start()
@@ -171,10 +179,8 @@ def compose(overrides: list[str], run_dir: str | Path | None = None) -> Any:
 
 
 def no_run_plots() -> None:
-    """This rank's runs draw no curves.png or schedule plot. The reporting rank spends about 0.5 s
-    of CPU on each (more than 30 training steps of the tests' models), and tests that run
-    hundreds of runs to compare their checkpoints or summaries do not look at them; the plots
-    are tests/test_task_wiring.py's and tests/test_cli.py's subject."""
+    """This process's trainer runs draw no curves.png or schedule plot (`run_ranks` without
+    `plots=True`; the module's docstring says why)."""
     import engine.report.run_report as run_report
 
     run_report.plot_run = run_report.plot_series = lambda *args, **kwargs: None
