@@ -48,8 +48,8 @@ import psutil
 import torch
 import torch.distributed
 
+from core.stop_signals import STOP_SIGNALS
 from engine.launch.commands import forked_rank_env
-from engine.train.stop import HANDLED as STOP_HANDLED
 
 #: seconds between a rank's failure and the killing of the others (see `_lead`)
 FAILED_RANK_GRACE_S = 1.0
@@ -128,7 +128,7 @@ class ForkedRanks:
                 # handler, and that inherited copy would print it and drop it. The stop signals
                 # start at their defaults, as in a launched rank, until the leader (`_lead`) and
                 # each rank (engine.train.stop) install their own
-                for sig in STOP_HANDLED:
+                for sig in STOP_SIGNALS:
                     signal.signal(sig, signal.SIG_DFL)
                 if ignore_signal is not None:  # the job manager's signal: not for the ranks
                     signal.signal(ignore_signal, signal.SIG_IGN)

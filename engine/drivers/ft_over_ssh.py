@@ -29,6 +29,7 @@ from typing import Optional
 
 from core.run_files import stop_now_flag, write_launch_record
 from core.rundir import RunDir
+from core.stop_signals import stop_signals_to
 from engine.launch.commands import REPO, omp_threads, script_args
 from engine.launch.config import LaunchConfig, node_plan_of
 from engine.launch.remote import exported_env, probe_hosts
@@ -82,9 +83,5 @@ def launch_over_ssh(launch: LaunchConfig, run_dir: RunDir, overrides: list[str])
                     pass
             os.killpg(proc.pid, signal.SIGTERM if len(received) < 3 else signal.SIGKILL)
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
-    try:
+    with stop_signals_to(on_signal):
         return proc.wait()
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)

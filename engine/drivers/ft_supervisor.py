@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from core import stop_signals
 from core.errors import USER_ERROR_EXIT
 from core.run_files import FaultLog, go_flag, quorum_lost_flag, read_step, ready_flag, stop_now_flag
 from core.rundir import SUPERVISED_ENV, RunDir
@@ -176,7 +177,7 @@ class Supervisor:
         logs = self.run_dir.logs
         logs.mkdir(parents=True, exist_ok=True)
         # first: a signal from here on is heard, and every process started from here on is recorded
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+        previous = stop_signals.install(self._on_signal)
         self.processes = JobProcesses(process_log(logs, self.layout.node))
         try:
             if self.layout.node == 0:
@@ -196,8 +197,7 @@ class Supervisor:
             if self.lighthouse is not None:
                 self.lighthouse.stop()
             self.processes.kill_all()  # whatever a replica left behind (a dead replica's children)
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+            stop_signals.restore(previous)
 
     # ---- stopping ---------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: Any) -> None:

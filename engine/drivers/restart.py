@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional
 from core.errors import USER_ERROR_EXIT
 from core.run_files import ATTEMPT_ENV, FaultLog, read_step
 from core.rundir import RunDir
+from core.stop_signals import stop_signals_to
 from engine.drivers.fork_ranks import RankBody
 from engine.drivers.launcher import launch, stall_after_s
 
@@ -53,9 +54,8 @@ def run_with_restarts(launch_attempt: LaunchAttempt, run_dir: RunDir, max_restar
         print(f"syncopt: {signal.Signals(signum).name} between attempts: no further attempt; run the same command to "
               "resume from the last complete checkpoint", file=sys.stderr, flush=True)
 
-    previous = {s: signal.signal(s, between) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     code = 0
-    try:
+    with stop_signals_to(between):
         for retry in range(max_restarts + 1):
             attempt = first + retry
             if retry:
@@ -77,9 +77,6 @@ def run_with_restarts(launch_attempt: LaunchAttempt, run_dir: RunDir, max_restar
             deadline = time.monotonic() + restart_delay_s
             while not signals and time.monotonic() < deadline:
                 time.sleep(min(0.1, restart_delay_s))
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
     return code
 
 

@@ -19,18 +19,16 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
+from core import stop_signals
 from engine.train.state import TrainState
 
 log = logging.getLogger("syncopt")
-HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
 class StopSignal:
     def __init__(self) -> None:
         self.received: Optional[str] = None
-        self._previous = {}
-        for sig in HANDLED:
-            self._previous[sig] = signal.signal(sig, self._handle)
+        self._previous = stop_signals.install(self._handle)
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.received is not None:
@@ -51,8 +49,7 @@ class StopSignal:
         return bool(flag.item())
 
     def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+        stop_signals.restore(self._previous)
 
 
 @dataclass(frozen=True)
