@@ -125,6 +125,52 @@ def test_every_shipped_table_composes_row_by_row(name: str, tmp_path: Path) -> N
         assert algos == set(list_algorithms())
 
 
+def test_the_lm_control_row_trains_with_the_optimiser_of_the_rows_it_controls(tmp_path: Path) -> None:
+    """head_to_head_lm_cpu's allreduce_sgd splits a momentum-SGD row's gap to allreduce into the
+    algorithm's and the optimiser's only while the two rows share the optimiser: its section as
+    composed, and the grid it is tuned over. A recipe that set its own lr or weight decay, or a row
+    given another grid, would make the control compare two things at once again."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import cli  # registers the table schema
+    from engine.drivers.table_runner import compose_row
+    from engine.tables.config import load_table, row_args, row_dir, row_grid
+    from engine.train.optim import lr_factor_fn
+    from tests.support.harness import CONF
+
+    STEPS_PER_EPOCH = 100  # only epoch-based schedule fields read it; the same for both rows
+    assert cli.register_schemas
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        table = load_table(compose(config_name="config", overrides=["table=head_to_head_lm_cpu"]).table)
+        rows = {row.label: row for row in table.rows}  # one per row and variant: label@variant
+        controlled = [a for a, b in table.comparisons if b == "allreduce_sgd"]
+        assert sorted(controlled) == ["asgd", "dgc", "dgs", "gradient_dropping"]
+
+        def optimiser(label: str) -> tuple[dict[str, Any], dict[str, list[Any]], str]:
+            """The row's optimiser section as composed with the learning rate of every step of its
+            schedule (what the schedule does, not its unused fields: a cosine has no milestones),
+            its grid, and its algorithm."""
+            row, seed = rows[label], table.seeds[0]
+            rc = compose_row(row_args(table, row, seed, row_dir(tmp_path, row, seed)))
+            factor = lr_factor_fn(rc.sched, rc.train.max_steps, STEPS_PER_EPOCH, rc.optim.lr)
+            lrs = [rc.optim.lr * factor(step) for step in range(rc.train.max_steps)]
+            return {**vars(rc.optim), "lr by step": lrs}, row_grid(table, row), rc.algo.name
+
+        variants = sorted({label.split("@")[1] for label in rows if label.startswith("allreduce_sgd@")})
+        assert variants == ["iid", "roles"]
+        for variant in variants:
+            control, control_grid, control_algo = optimiser(f"allreduce_sgd@{variant}")
+            assert control_algo == "allreduce" and control["name"] == "sgd" and control["momentum"] > 0, control
+            for name in controlled:
+                section, grid, algo = optimiser(f"{name}@{variant}")
+                assert algo == name
+                differs = sorted(k for k in control if section[k] != control[k])
+                assert not differs, f"{name}@{variant}: its optimiser differs from its control's in {differs}"
+                assert grid == control_grid, f"{name}@{variant}: tuned over {grid}, its control over {control_grid}"
+
+
 def test_per_row_baselines_time_to_target_and_speedup_plot(tmp_path: Path) -> None:
     """Rows compared with their own baseline (the same bandwidth), wall-clock to a target accuracy
     from the evaluations, and the speed-up plot against the rows' x: from written results, no runs."""
