@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -93,26 +95,35 @@ EVERY_METHOD = {"comm_cpu", "head_to_head_cpu", "comm_mnist1d_cpu", "comm_lm_cpu
                 "head_to_head_lm_cpu"}
 
 
+@contextmanager
+def shipped_table(name: str) -> Iterator[Any]:
+    """The shipped table `name` as cli.py loads it, inside Hydra's context over conf/, so that its
+    rows can be composed (`compose_row`) in the block."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import cli  # registers the table schema
+    from engine.tables.config import load_table
+    from tests.support.harness import CONF
+
+    assert cli.register_schemas
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        yield load_table(compose(config_name="config", overrides=[f"table={name}"]).table)
+
+
 @pytest.mark.parametrize("name", TABLES)
 def test_every_shipped_table_composes_row_by_row(name: str, tmp_path: Path) -> None:
     """What `table.dry_run=true` does, in-process: every row's config composes and validates. A table
     that compares every method (EVERY_METHOD) has a row for each registered plugin, and each row's
     recipe trains the table's task (each row composed once for both: 6-15 s a table)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    import cli  # registers the table schema
     from dist_algos import list_algorithms
     from engine.drivers.table_runner import compose_row, describe_run
-    from engine.tables.config import load_table, row_args, row_dir
-    from tests.support.harness import CONF
+    from engine.tables.config import row_args, row_dir
 
-    assert cli.register_schemas
     assert EVERY_METHOD <= set(TABLES), f"not shipped: {sorted(EVERY_METHOD - set(TABLES))}"
-    GlobalHydra.instance().clear()
     algos = set()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        table = load_table(compose(config_name="config", overrides=[f"table={name}"]).table)
+    with shipped_table(name) as table:
         for row in table.rows:
             args = row_args(table, row, table.seeds[0], row_dir(tmp_path, row, table.seeds[0]))
             rc = compose_row(args)
@@ -130,20 +141,12 @@ def test_the_lm_control_row_trains_with_the_optimiser_of_the_rows_it_controls(tm
     algorithm's and the optimiser's only while the two rows share the optimiser: its section as
     composed, and the grid it is tuned over. A recipe that set its own lr or weight decay, or a row
     given another grid, would make the control compare two things at once again."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    import cli  # registers the table schema
     from engine.drivers.table_runner import compose_row
-    from engine.tables.config import load_table, row_args, row_dir, row_grid
+    from engine.tables.config import row_args, row_dir, row_grid
     from engine.train.optim import lr_factor_fn
-    from tests.support.harness import CONF
 
     STEPS_PER_EPOCH = 100  # only epoch-based schedule fields read it; the same for both rows
-    assert cli.register_schemas
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        table = load_table(compose(config_name="config", overrides=["table=head_to_head_lm_cpu"]).table)
+    with shipped_table("head_to_head_lm_cpu") as table:
         rows = {row.label: row for row in table.rows}  # one per row and variant: label@variant
         controlled = [a for a, b in table.comparisons if b == "allreduce_sgd"]
         assert sorted(controlled) == ["asgd", "dgc", "dgs", "gradient_dropping"]

@@ -28,9 +28,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Callable, Optional
 
+from core import stop_signals
 from core.errors import USER_ERROR_EXIT, report_user_errors
 from core.rundir import RunDir
-from core.stop_signals import STOP_SIGNALS, stop_signals_to
 from engine.drivers.fork_ranks import RankBody
 from engine.drivers.launch_plans import emulated_plan, fork_plan, local_plan, no_ssh_plan, pdsh_plan
 from engine.drivers.rank_watch import RankWatch, Stall
@@ -49,7 +49,7 @@ def _job_manager_signal() -> Optional[tuple[int, Callable[[int, Optional[FrameTy
     """
     name = os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")
     sig = getattr(signal, f"SIG{name}", None)
-    if sig is None or sig in STOP_SIGNALS:
+    if sig is None or sig in stop_signals.STOP_SIGNALS:
         return None
     handler = signal.getsignal(sig)
     return (sig, handler) if callable(handler) else None
@@ -93,40 +93,41 @@ def run_launcher(cmd: list[str], env: dict[str, str], run_dir: RunDir | Path, wa
 
     stall: Optional[Stall] = None
     code: Optional[int] = None
+    previous = stop_signals.install(on_signal, also=[manager[0]] if manager else [])
     try:
-        with stop_signals_to(on_signal, also=[manager[0]] if manager else []):
-            if start is not None:
-                proc = start(manager[0] if manager is not None else None)
-            else:
-                proc = subprocess.Popen(cmd, env=env, start_new_session=True,
-                                        preexec_fn=child_setup if manager is not None else None)
-            launched.append(proc)
-            if len(received) > 1:  # stopped twice while it was being started
-                os.killpg(proc.pid, signal.SIGTERM)
-            while proc.poll() is None:
-                watch.poll()
-                if watch.stop_requested() and not received:
-                    on_signal(signal.SIGUSR1, None)
-                if pending[0] and watch.ready():
-                    pending[0] = False
-                    watch.signal_ranks(signal.SIGUSR1)
-                stalls = watch.stalls(stall_s) if stall_s else []
-                if stalls:
-                    stall = stalls[0]
-                    _end_group(proc)
-                    watch.signal_ranks(signal.SIGKILL)
-                    code = 1
-                    break
-                codes = watch.exit_codes()
-                if codes is not None and not any(codes.values()):
-                    time.sleep(0.3)  # the launcher's own clean exit, if it is quick
-                    if proc.poll() is None:
-                        _end_group(proc)
-                    code = 0
-                    break
-                time.sleep(0.2)
+        if start is not None:
+            proc = start(manager[0] if manager is not None else None)
+        else:
+            proc = subprocess.Popen(cmd, env=env, start_new_session=True,
+                                    preexec_fn=child_setup if manager is not None else None)
+        launched.append(proc)
+        if len(received) > 1:  # stopped twice while it was being started
+            os.killpg(proc.pid, signal.SIGTERM)
+        while proc.poll() is None:
             watch.poll()
+            if watch.stop_requested() and not received:
+                on_signal(signal.SIGUSR1, None)
+            if pending[0] and watch.ready():
+                pending[0] = False
+                watch.signal_ranks(signal.SIGUSR1)
+            stalls = watch.stalls(stall_s) if stall_s else []
+            if stalls:
+                stall = stalls[0]
+                _end_group(proc)
+                watch.signal_ranks(signal.SIGKILL)
+                code = 1
+                break
+            codes = watch.exit_codes()
+            if codes is not None and not any(codes.values()):
+                time.sleep(0.3)  # the launcher's own clean exit, if it is quick
+                if proc.poll() is None:
+                    _end_group(proc)
+                code = 0
+                break
+            time.sleep(0.2)
+        watch.poll()
     finally:
+        stop_signals.restore(previous)
         if launched:
             _end_group(launched[0])  # whatever of the launch is left (a rank's children) ends with it
     code = proc.returncode if code is None else code
