@@ -20,7 +20,7 @@ from core.run_files import read_step
 from engine.drivers.fork_ranks import check_fork_safe, job_exit_code
 from engine.launch.commands import forked_rank_env
 from engine.launch.procs import alive
-from tests.support.cli_runs import REPO, error_line, run_cli, signal_cli_when, start_cli
+from tests.support.cli_runs import REPO, error_line, run_cli, run_cli_here, signal_cli_when, start_cli
 from tests.support.harness import run_ranks, train_in_rank
 from tests.support.processes import wait_for
 from tests.test_faults import newest_complete
@@ -57,13 +57,15 @@ def run_ok(args: list[str], env: dict, timeout: float = 600) -> subprocess.Compl
     return proc
 
 
-# WAGMA: collectives on its own schedule (its groups are sub-process groups every rank makes); dgs:
-# a parameter server, whose serving thread the fork must start in each rank afresh; local SGD
+# WAGMA: collectives on its own schedule (its groups are sub-process groups every rank makes: two
+# groups of 2, 4 ranks); dgs: a parameter server, whose serving thread the fork must start in each
+# rank afresh (the server and two workers whose pushes it serves in turn, 3 ranks); local SGD
 # below, with the resume across the two starts (its averaging is the world-wide all-reduce that
 # allreduce uses every step, so allreduce is not a third pair of runs: CI's 30 minutes)
-@pytest.mark.parametrize("algo", ["wagma", "dgs"])
-def test_fork_and_launcher_give_bit_identical_final_states(algo: str, cli_env: dict, tmp_path: Path) -> None:
-    assert_same_runs([*SHORT, *ALGOS[algo], "launch.nproc=4"], 4, cli_env, tmp_path)
+@pytest.mark.parametrize("algo, world", [("wagma", 4), ("dgs", 3)])
+def test_fork_and_launcher_give_bit_identical_final_states(algo: str, world: int, cli_env: dict,
+                                                           tmp_path: Path) -> None:
+    assert_same_runs([*SHORT, *ALGOS[algo], f"launch.nproc={world}"], world, cli_env, tmp_path)
 
 
 def test_local_sgd_stopped_under_the_launcher_and_resumed_forked_ends_as_the_forked_run(cli_env: dict,
@@ -72,15 +74,15 @@ def test_local_sgd_stopped_under_the_launcher_and_resumed_forked_ends_as_the_for
     first averaging, at step 4) and resumed with forked ranks ends, rank by rank, in the final state
     of the run forked from the start. The checkpoint is one format whichever start wrote it, and, as
     resume is exact (tests/test_resume_registry.py), the launcher's first five steps are the forked
-    run's. (No third run under the launcher alone: CI's 30 minutes.)"""
-    args = [*SHORT, *ALGOS["local_sgd"], "launch.nproc=4"]
+    run's. (Two ranks, and no third run under the launcher alone: CI's 30 minutes.)"""
+    args = [*SHORT, *ALGOS["local_sgd"], "launch.nproc=2"]
     run_ok([*args, *FORK, f"hydra.run.dir={tmp_path / 'fork'}"], cli_env)
     run_dir = tmp_path / "launcher_then_fork"
     run_ok([*args, "train.stop_after=5", f"hydra.run.dir={run_dir}"], cli_env)
     assert newest_complete(run_dir).step == 5
     run_ok([*args, *FORK, f"hydra.run.dir={run_dir}"], cli_env)
     assert json.loads((run_dir / "summary.json").read_text())["resumed_from"] == 5
-    assert_same_states(tmp_path / "fork", run_dir, 4)
+    assert_same_states(tmp_path / "fork", run_dir, 2)
 
 
 def test_sixteen_forked_ranks_end_as_sixteen_ranks_the_harness_starts(cli_env: dict, tmp_path: Path) -> None:
@@ -204,12 +206,12 @@ def test_forked_ranks_do_not_hold_the_run_lock(cli_env: dict, tmp_path: Path) ->
     pids: list[int] = []
     try:
         wait_for(lambda: (read_step(run_dir / "logs" / "rank_1.progress") or 0) > 0, 240, "training to start")
-        second = run_cli(args, cli_env, timeout=120)
+        second = run_cli_here(args)  # refused by the run lock, before any launch
         assert second.returncode == 2 and f"pid {first.pid}" in error_line(second), second.stderr[-2000:]
         pids = [pid_of(run_dir, r) for r in range(2)]
         first.kill()
         first.wait()
-        third = run_cli(args, cli_env, timeout=120)
+        third = run_cli_here(args)
         line = error_line(third)
         assert third.returncode == 2 and "ranks of an earlier run are still running there" in line, line
         assert all(str(p) in line for p in pids), line
@@ -259,8 +261,8 @@ def test_forking_from_a_threaded_process_is_refused() -> None:
     (["launch.launcher=fork", "launch.network.kind=emulated"], ["cannot be combined with launch.launcher=fork"]),
     (["launch.launcher=fork", "++ft.enabled=true", "algo=local_sgd"], ["launch.launcher=fork", "ft.enabled=true"]),
 ])
-def test_what_fork_cannot_do_is_one_line(args: list[str], words: list[str], cli_env: dict, tmp_path: Path) -> None:
-    proc = run_cli([*args, f"hydra.run.dir={tmp_path / 'run'}"], cli_env, timeout=120)
+def test_what_fork_cannot_do_is_one_line(args: list[str], words: list[str], tmp_path: Path) -> None:
+    proc = run_cli_here([*args, f"hydra.run.dir={tmp_path / 'run'}"])  # refused before anything forks
     assert proc.returncode == 2, proc.stderr[-2000:]
     line = error_line(proc)
     assert all(w in line for w in words), line

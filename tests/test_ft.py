@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.support.cli_runs import run_cli, start_cli
+from tests.support.cli_runs import run_cli, run_cli_here, start_cli
 from tests.support.processes import wait_for
 
 pytest.importorskip("torchft")
@@ -86,8 +86,8 @@ def fail_one_replica_and_check(algo: list[str], cli_env: dict, tmp_path: Path, s
     return err
 
 
-def test_wagma_refuses_fault_tolerant_mode_in_one_line(cli_env: dict, tmp_path: Path) -> None:
-    proc = run_cli(["algo=wagma", "ft.enabled=true", f"hydra.run.dir={tmp_path}"], cli_env, timeout=120)
+def test_wagma_refuses_fault_tolerant_mode_in_one_line(tmp_path: Path) -> None:
+    proc = run_cli_here(["algo=wagma", "ft.enabled=true", f"hydra.run.dir={tmp_path}"])
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("syncopt: error:")]
     assert len(lines) == 1 and "ft.enabled=true does not work with algo=wagma" in lines[0], proc.stderr[-2000:]
@@ -254,12 +254,13 @@ def test_a_crafted_pickle_fed_through_healing_is_refused_not_executed(tmp_path: 
 def test_without_failures_fault_tolerant_qsr_equals_the_plain_run(cli_env: dict, tmp_path: Path) -> None:
     """The same local SGD (QSR) job through torchft's rounds and through one gloo group gives the
     same run: the same schedule of rounds, the same loss to float rounding (torchft sums then
-    divides where the plain group averages), every round with all three replicas."""
+    divides where the plain group averages), every round with both replicas."""
     results = {}
-    # the plain run's ranks forked (fault-tolerant mode starts its replicas itself; CI's 30 minutes)
+    # the plain run's ranks forked (fault-tolerant mode starts its replicas itself), two replicas
+    # (a quorum of all; three are the failure tests'): CI's 30 minutes
     for ft, start in (("true", []), ("false", ["launch.launcher=fork"])):
         run_dir = tmp_path / ft
-        proc = run_cli(["algo=local_sgd", "algo.sync_schedule=qsr", f"ft.enabled={ft}", "launch.nproc=3", *start,
+        proc = run_cli(["algo=local_sgd", "algo.sync_schedule=qsr", f"ft.enabled={ft}", "launch.nproc=2", *start,
                         "train.max_steps=100", f"hydra.run.dir={run_dir}"], cli_env, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         results[ft] = json.loads((run_dir / "summary.json").read_text())
@@ -268,7 +269,7 @@ def test_without_failures_fault_tolerant_qsr_equals_the_plain_run(cli_env: dict,
     # every round with all three first: a round a loaded machine let form without one is named
     rounds = ft_run["ft"]["per_replica"]["0"]["participants"]
     assert len(rounds) == sum(r[2] for r in plain["algo_stats"]["H_rounds"])  # the run ends on a round
-    assert all(r[1] == 3 and r[2] for r in rounds) and ft_run["ft"]["failures"] == 0, rounds
+    assert all(r[1] == 2 and r[2] for r in rounds) and ft_run["ft"]["failures"] == 0, rounds
     assert ft_run["test_acc"] == plain["test_acc"]
     assert abs(ft_run["test_loss"] - plain["test_loss"]) <= 1e-6 * abs(plain["test_loss"])
 

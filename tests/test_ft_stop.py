@@ -30,7 +30,7 @@ import torch
 from core.errors import UserError
 from engine.ft.config import FTConfig, check_ft
 from engine.launch.config import LaunchConfig
-from tests.support.cli_runs import run_cli, start_cli
+from tests.support.cli_runs import run_cli_here, start_cli
 from tests.support.processes import alive_of_job, signal_and_wait, wait_for
 
 pytest.importorskip("torchft")
@@ -72,12 +72,13 @@ def test_settings_that_can_form_a_quorum_are_taken(settings: dict, replicas: int
     check_ft(FTConfig(enabled=True, **settings), "local_sgd", "", LaunchConfig(), replicas=replicas)
 
 
-def test_the_reported_command_is_refused_before_anything_starts(cli_env: dict, tmp_path: Path) -> None:
+def test_the_reported_command_is_refused_before_anything_starts(tmp_path: Path) -> None:
     """The command of issue 37 once started a lighthouse and three replicas that waited an hour
-    for a quorum of five; now it is one line and exit code 2, with nothing started."""
+    for a quorum of five; now it is one line and exit code 2, with nothing started (cli.py run in
+    this process: what it refuses is decided before any launch)."""
     run_dir = tmp_path / "run"
-    proc = run_cli(["algo=local_sgd", "ft.enabled=true", "launch.nproc=3", "ft.min_replicas=5",
-                    f"hydra.run.dir={run_dir}"], cli_env, timeout=120)
+    proc = run_cli_here(["algo=local_sgd", "ft.enabled=true", "launch.nproc=3", "ft.min_replicas=5",
+                         f"hydra.run.dir={run_dir}"])
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("syncopt: error:")]
     assert len(lines) == 1 and "ft.min_replicas=5" in lines[0] and "launch.nproc>=5" in lines[0], proc.stderr

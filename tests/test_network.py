@@ -110,11 +110,13 @@ def rank_pids(run_dir: Path, world: int, procs: subprocess.Popen, timeout: float
 @pytest.mark.slow
 def test_kill9_leaves_nothing_after_the_next_start_which_runs_on_the_link(root_namespaces: None, cli_env: dict[str, str],
                                                                           tmp_path: Path) -> None:
-    first = subprocess.Popen([PY, "cli.py", *JOB, "train.max_steps=400", "train.imbalance.delay_ms=100",
+    # the launch to kill: 2 nodes of one rank each (what is left behind is per node; more ranks
+    # only start more interpreters, CI's 30 minutes)
+    first = subprocess.Popen([PY, "cli.py", *JOB, "launch.nproc=2", "train.max_steps=400", "train.imbalance.delay_ms=100",
                               f"hydra.run.dir={tmp_path / 'killed'}"], cwd=REPO, env=cli_env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        orphans = rank_pids(tmp_path / "killed", 4, first)
+        orphans = rank_pids(tmp_path / "killed", 2, first)
         first.kill()  # SIGKILL to the launcher alone: no teardown runs
         first.wait(timeout=30)
         assert len(owned_by(first.pid)) == 3 and all(_alive(p) for p in orphans)

@@ -277,7 +277,10 @@ def test_a_signal_between_restart_all_attempts_starts_no_further_attempt(cli_env
     from tests.support.processes import alive_of_job, signal_and_wait
 
     run_dir = tmp_path / "run"
-    proc = start_cli([*STEADY, "faults.restart_delay_s=60", f"hydra.run.dir={run_dir}"], cli_env)
+    # forked ranks: the wait between attempts is cli.py's loop, whichever start (the launcher's
+    # process group is the next test's; CI's 30 minutes)
+    proc = start_cli([*STEADY, "launch.launcher=fork", "faults.restart_delay_s=60", f"hydra.run.dir={run_dir}"],
+                     cli_env)
     try:
         wait_for(lambda: any(e["event"] == "failure" for e in FaultLog(run_dir).events()) or proc.poll() is not None,
                  240, "attempt 0's failure")

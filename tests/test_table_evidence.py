@@ -605,31 +605,6 @@ def test_a_run_folder_of_another_table_is_refused_before_anything_is_written(tmp
         runner.run_table(_table([{"label": "base"}], gather_only=True, quick=True), own)
 
 
-def test_a_run_and_a_tables_jobs_record_their_commit(cli_env: dict, tmp_path: Path) -> None:
-    """Through cli.py: summary.json has the checkout's commit and dirty flag; jobs.jsonl and
-    runs.csv carry them per run."""
-    from tests.support.cli_runs import run_cli
-    from tests.test_tables import FAST
-
-    conf = tmp_path / "conf" / "table"
-    conf.mkdir(parents=True)
-    conf.joinpath("prov.yaml").write_text(
-        f"# @package table\ndefaults: [_schema, _self_]\nname: prov\nbaseline: a\nallow_dirty: true\n"
-        f"overrides: {FAST}\nplots: []\nrows:\n  - {{label: a, overrides: []}}\n")
-    out = tmp_path / "out"
-    proc = run_cli(["table=prov", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", f"hydra.run.dir={out}"], cli_env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    repo = Path(__file__).resolve().parent.parent
-    head = _git(repo, "rev-parse", "HEAD").strip()
-    summary = json.loads((out / "a" / "seed_0" / "summary.json").read_text())
-    assert summary["commit"] == head and isinstance(summary["dirty"], bool)
-    (job,) = [json.loads(line) for line in (out / "jobs.jsonl").read_text().splitlines()]
-    assert job["commit"] == head and job["dirty"] == summary["dirty"]
-    assert _csv(out / "runs.csv")[0]["commit"] == head
-    production = (out / "table.md").read_text().split("## Production", 1)[1]
-    assert "ran 1 job (1 made a run)" in production and "in 1 sitting" in production
-
-
 def test_the_production_section_counts_sittings_tries_and_runs_made_elsewhere(tmp_path: Path) -> None:
     """table.md's Production section from a jobs.jsonl written as the table runner writes it: a
     second sitting after a pause longer than the gap, a failed run made by a later try, a line cut

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cli_runs import run_cli
+from tests.support.cli_runs import REPO, run_cli, run_cli_here
 
 FAST = "[launch.launcher=none, launch.nproc=1, train.max_steps=6, train.eval_every_steps=3]"
 
@@ -44,8 +45,9 @@ BROKEN = "  - {label: broken, overrides: [data=cifar10, data.root=/nonexistent]}
 
 def test_table_runs_rows_and_csv_matches_summaries(cli_env: dict, tmp_path: Path) -> None:
     """Three rows and a failing one (one table run, not two, for CI's 30 minutes): the CSV matches
-    each run's summary, the failed row is reported with its log and the table exits 1; a rerun runs
-    only the rows without a result."""
+    each run's summary, the failed row is reported with its log and the table exits 1; every run
+    and every job carries the checkout's commit (summary.json, jobs.jsonl, runs.csv) and table.md
+    counts the jobs; a rerun runs only the rows without a result."""
     out = tmp_path / "out"
     args = write_table(tmp_path / "conf", "three", ROWS + BROKEN)
     proc = run_cli([*args, f"hydra.run.dir={out}"], cli_env)
@@ -67,6 +69,17 @@ def test_table_runs_rows_and_csv_matches_summaries(cli_env: dict, tmp_path: Path
     assert rows["b"]["paper_test_acc"] == "0.99" and rows["b"]["paper_source"] == "Table 1"
     assert "| b |" in (out / "table.md").read_text() and "| b |" in proc.stdout
     assert (out / "accuracy.png").is_file() and (out / "throughput.png").is_file()
+    # provenance, per run and per job: tables refuse to mix commits in silence
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], check=True, capture_output=True,
+                          text=True).stdout.strip()
+    summaries = [json.loads((out / lbl / "seed_0" / "summary.json").read_text()) for lbl in "abc"]
+    assert all(s["commit"] == head and isinstance(s["dirty"], bool) for s in summaries), summaries
+    jobs = [json.loads(line) for line in (out / "jobs.jsonl").read_text().splitlines()]
+    assert len(jobs) == 4 and all(j["commit"] == head for j in jobs), jobs
+    with open(out / "runs.csv") as fh:
+        assert {r["commit"] for r in csv.DictReader(fh)} == {head}
+    production = (out / "table.md").read_text().split("## Production", 1)[1]
+    assert "ran 4 jobs (3 made a run; 1 ended without one" in production and "in 1 sitting" in production, production
 
     # an interrupted table (row c lost its result) runs only the missing row
     (out / "c" / "seed_0" / "summary.json").unlink()
@@ -78,10 +91,10 @@ def test_table_runs_rows_and_csv_matches_summaries(cli_env: dict, tmp_path: Path
     assert (out / "c" / "seed_0" / "summary.json").exists()
 
 
-def test_dry_run_lists_rows_without_running(cli_env: dict, tmp_path: Path) -> None:
+def test_dry_run_lists_rows_without_running(tmp_path: Path) -> None:
     out = tmp_path / "out"
     args = write_table(tmp_path / "conf", "three", ROWS)
-    proc = run_cli([*args, "table.dry_run=true", f"hydra.run.dir={out}"], cli_env)
+    proc = run_cli_here([*args, "table.dry_run=true", f"hydra.run.dir={out}"])  # composes, starts nothing
     assert proc.returncode == 0
     assert proc.stdout.count("cli.py ") == 3 and "optim=adamw" in proc.stdout
     assert not (out / "a").exists()

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -26,6 +23,7 @@ import torch
 from core.errors import UserError
 from core.spec import ImageSpec, TextSpec
 from core.task import task_for
+from tests.support.cli_runs import run_cli_here
 from tests.support.harness import REPO, rank_config, run_ranks
 
 RECIPES = REPO / "recipes"
@@ -201,7 +199,8 @@ def test_selection_follows_the_task_direction(language_model: bool, best_metric:
         assert set(first) >= {"val_ppl", "val_bpc", "test_ppl", "test_bpc"}
 
 
-def test_a_metric_of_another_task_is_refused_before_launch_in_one_line() -> None:
+def test_a_metric_of_another_task_is_refused_before_launch_in_one_line(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from engine.train.checkpointer import CheckpointConfig, selection_metric
 
     lm, clf = task_for(TextSpec(75, 64)), task_for(ImageSpec(1, 8, 10))
@@ -211,9 +210,9 @@ def test_a_metric_of_another_task_is_refused_before_launch_in_one_line() -> None
     with pytest.raises(UserError, match=r"^checkpoint.best_metric=val_bpc is not a validation metric of data=digits "
                                         r"\(a classification task\); use one of val_loss, val_acc, val_top5$"):
         selection_metric(CheckpointConfig(best_metric="val_bpc"), clf, "digits")
-    proc = subprocess.run([sys.executable, str(REPO / "cli.py"), "recipe=lm/shakespeare_cpu",
-                           "checkpoint.best_metric=val_top5"], capture_output=True, text=True, cwd=REPO, timeout=120,
-                          env={**os.environ, "SYNCOPT_DATA": "/nonexistent"})
+    monkeypatch.setenv("SYNCOPT_DATA", "/nonexistent")  # refused before any data set is read
+    proc = run_cli_here(["recipe=lm/shakespeare_cpu", "checkpoint.best_metric=val_top5",
+                         f"hydra.run.dir={tmp_path / 'run'}"])
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert "checkpoint.best_metric=val_top5" in lines[0] and "val_loss, val_ppl, val_bpc, val_acc" in lines[0]

@@ -15,9 +15,6 @@ report's figures).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +28,8 @@ from data.config import DataConfig
 from data.pipelines import installed
 from data.split import train_split, validation_indices
 from tests.support.datagen import cifar_label, read_identity, write_cifar
-from tests.support.harness import REPO, compose, run_ranks
+from tests.support.cli_runs import run_cli_here
+from tests.support.harness import compose, run_ranks
 
 N_TRAIN, N_TEST, SHARDS, BATCH = 96, 24, 2, 4
 VAL = ["data.val_fraction=0.25"]  # 24 of the 96
@@ -80,10 +78,9 @@ def test_zero_turns_validation_off_and_two_sizes_are_refused() -> None:
 
 # ---- selection ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("metric", ["test_acc", "test_top5"])
-def test_best_metric_refuses_test_in_one_line(metric: str) -> None:
-    proc = subprocess.run([sys.executable, str(Path(REPO) / "cli.py"), f"checkpoint.best_metric={metric}"],
-                          capture_output=True, text=True, cwd=REPO, timeout=120,
-                          env={**os.environ, "SYNCOPT_DATA": "/nonexistent"})
+def test_best_metric_refuses_test_in_one_line(metric: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SYNCOPT_DATA", "/nonexistent")  # refused before any data set is read
+    proc = run_cli_here([f"checkpoint.best_metric={metric}", f"hydra.run.dir={tmp_path / 'run'}"])
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
