@@ -1,8 +1,8 @@
 """Fault-tolerant mode (ft.enabled, engine/ft/) on torchft: replicas that die, heal and rejoin.
 
-Real jobs through cli.py (3 replicas of the digits CNN, gloo on the CPU, torchft's lighthouse and
-Managers), a replica killed by pid mid-run; the rounds machinery with a replica dying inside a
-round; the lighthouse dying; the healing transport fed a crafted pickle. Times on this 2-core
+Real jobs through cli.py (2 or 3 replicas of the digits CNN, gloo on the CPU, torchft's lighthouse
+and Managers), a replica stalled or killed mid-run; the rounds machinery with a replica dying
+inside a round; the lighthouse dying; the healing transport fed a crafted pickle. Times on this 2-core
 machine (shared) are in docs/fault_tolerance.md.
 """
 from __future__ import annotations
