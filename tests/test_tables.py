@@ -4,7 +4,7 @@ from __future__ import annotations
 import csv
 import json
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -57,7 +57,11 @@ def test_table_runs_rows_and_csv_matches_summaries(cli_env: dict, tmp_path: Path
     assert rows["broken"]["status"] == "failed" and all(rows[lbl]["status"] == "ok" for lbl in "abc")
     log = Path(rows["broken"]["log"])
     assert log.is_file() and "/nonexistent" in log.read_text()
-    assert "failed" in (out / "table.md").read_text()
+    table_md = (out / "table.md").read_text()
+    assert "failed" in table_md
+    # provenance, per run and per job: tables refuse to mix commits in silence
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], check=True, capture_output=True,
+                          text=True).stdout.strip()
     for label in "abc":
         row = rows[label]
         (seed_dir,) = (out / label).glob("seed_*")  # the quick form reports the first of table.seeds only
@@ -65,20 +69,16 @@ def test_table_runs_rows_and_csv_matches_summaries(cli_env: dict, tmp_path: Path
         assert float(row["test_acc"]) == pytest.approx(summary["test_acc"])
         assert float(row["steps"]) == summary["steps"] == 6
         assert float(row["comm_bytes"]) == summary["comm_bytes"]
+        assert summary["commit"] == head and isinstance(summary["dirty"], bool), summary
     assert float(rows["a"]["wall_s_vs_base"]) == pytest.approx(1.0)
     assert rows["b"]["paper_test_acc"] == "0.99" and rows["b"]["paper_source"] == "Table 1"
-    assert "| b |" in (out / "table.md").read_text() and "| b |" in proc.stdout
+    assert "| b |" in table_md and "| b |" in proc.stdout
     assert (out / "accuracy.png").is_file() and (out / "throughput.png").is_file()
-    # provenance, per run and per job: tables refuse to mix commits in silence
-    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], check=True, capture_output=True,
-                          text=True).stdout.strip()
-    summaries = [json.loads((out / lbl / "seed_0" / "summary.json").read_text()) for lbl in "abc"]
-    assert all(s["commit"] == head and isinstance(s["dirty"], bool) for s in summaries), summaries
     jobs = [json.loads(line) for line in (out / "jobs.jsonl").read_text().splitlines()]
     assert len(jobs) == 4 and all(j["commit"] == head for j in jobs), jobs
     with open(out / "runs.csv") as fh:
         assert {r["commit"] for r in csv.DictReader(fh)} == {head}
-    production = (out / "table.md").read_text().split("## Production", 1)[1]
+    production = table_md.split("## Production", 1)[1]
     assert "ran 4 jobs (3 made a run; 1 ended without one" in production and "in 1 sitting" in production, production
 
     # an interrupted table (row c lost its result) runs only the missing row
@@ -109,9 +109,9 @@ EVERY_METHOD = {"comm_cpu", "head_to_head_cpu", "comm_mnist1d_cpu", "comm_lm_cpu
 
 
 @contextmanager
-def shipped_table(name: str) -> Iterator[Any]:
-    """The shipped table `name` as cli.py loads it, inside Hydra's context over conf/, so that its
-    rows can be composed (`compose_row`) in the block."""
+def shipped_table(name: str, overrides: Sequence[str] = ()) -> Iterator[Any]:
+    """The shipped table `name` (with `overrides` of its options) as cli.py loads it, inside Hydra's
+    context over conf/, so that its rows can be composed (`compose_row`) in the block."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -122,7 +122,7 @@ def shipped_table(name: str) -> Iterator[Any]:
     assert cli.register_schemas
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        yield load_table(compose(config_name="config", overrides=[f"table={name}"]).table)
+        yield load_table(compose(config_name="config", overrides=[f"table={name}", *overrides]).table)
 
 
 @pytest.mark.parametrize("name", TABLES)

@@ -11,21 +11,13 @@ import pytest
 
 from core.errors import UserError
 from tests.support.cli_runs import run_cli
-from tests.test_tables import read_csv
+from tests.test_tables import read_csv, shipped_table
 
 
 def load(name: str, overrides: list[str] = ()):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    import cli  # registers the table schema
-    from engine.tables.config import load_table
-    from tests.support.harness import CONF
-
-    assert cli.register_schemas
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return load_table(compose(config_name="config", overrides=[f"table={name}", *overrides]).table)
+    """The shipped table as cli.py loads it (its rows are read here, not composed)."""
+    with shipped_table(name, overrides) as table:
+        return table
 
 
 def override(row, key: str) -> str:
