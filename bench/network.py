@@ -51,7 +51,7 @@ from core.spec import ImageSpec  # noqa: E402
 from dist_algos import get_algorithm  # noqa: E402
 from dist_algos.base import HyperParams, StepContext, TrainInfo  # noqa: E402
 from models import build_model  # noqa: E402
-from engine.launch.network import (IFNAME, MASTER_PORT, EmulatedCluster, NetworkConfig,  # noqa: E402
+from engine.launch.network import (MASTER_PORT, EmulatedCluster, NetworkConfig,  # noqa: E402
                                    NetworkKind, requirements_problem)
 
 REPO = Path(__file__).resolve().parent.parent

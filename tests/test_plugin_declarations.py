@@ -4,7 +4,6 @@ add and where; the reference comparison really tells a different update apart.""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from dist_algos import get_algorithm, list_algorithms
 from dist_algos.base import DistAlgorithm, Scenario, StepContext
