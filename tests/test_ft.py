@@ -2,8 +2,8 @@
 
 Real jobs through cli.py (2 or 3 replicas of the digits CNN, gloo on the CPU, torchft's lighthouse
 and Managers), a replica stalled or killed mid-run; the rounds machinery with a replica dying
-inside a round; the lighthouse dying; the healing transport fed a crafted pickle. Times on this 2-core
-machine (shared) are in docs/fault_tolerance.md.
+inside a round; the lighthouse dying; the healing transport fed a crafted pickle. Times on this
+2-core machine (shared) are in docs/fault_tolerance.md.
 """
 from __future__ import annotations
 

@@ -5,7 +5,9 @@ workers, and a small table run end to end on forked ranks and resumed."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,7 +16,7 @@ from tests.support.cli_runs import run_cli
 from tests.test_tables import read_csv, shipped_table
 
 
-def load(name: str, overrides: list[str] = ()):
+def load(name: str, overrides: Sequence[str] = ()) -> Any:
     """The shipped table as cli.py loads it (its rows are read here, not composed)."""
     with shipped_table(name, overrides) as table:
         return table
