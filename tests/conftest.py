@@ -47,7 +47,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs CUDA (skipped where none is visible)")
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Before pytest-xdist's own (which reads each item's xdist_group into the id its `loadgroup`
+    scheduling goes by): run after it, the groups were added too late, and every module of
+    XDIST_GROUPS was spread over both workers, its fixtures built on each (tests/test_xdist_groups.py)."""
     for item in items:
         group = XDIST_GROUPS.get(item.module.__name__.rsplit(".", 1)[-1]) if item.module is not None else None
         if group:

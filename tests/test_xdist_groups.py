@@ -42,16 +42,37 @@ def test_free(i: int) -> None:
 '''
 
 
+#: a module grouped the suite's way: by its name in conftest.py's XDIST_GROUPS, through the suite's
+#: own collection hook (a group added after pytest-xdist's hook had read them counts for nothing)
+NAMED = GROUPED.split("@pytest.mark.xdist_group")[0] + '''
+@pytest.mark.parametrize("i", range(6))
+def test_named(i: int) -> None:
+    record("named", i)
+'''
+SUITE_HOOK = f'''
+import sys
+sys.path.insert(0, {str(REPO)!r})
+from tests import conftest as suite
+
+suite.XDIST_GROUPS["test_named"] = "named"
+pytest_collection_modifyitems = suite.pytest_collection_modifyitems
+'''
+
+
 def test_an_xdist_group_runs_on_one_worker(tmp_path: Path) -> None:
     (tmp_path / "ran").mkdir()
     (tmp_path / "test_grouped.py").write_text(GROUPED)
-    # the repository's pytest.ini (its -n and --dist), on a throw-away test file
+    (tmp_path / "test_named.py").write_text(NAMED)
+    (tmp_path / "conftest.py").write_text(SUITE_HOOK)
+    # the repository's pytest.ini (its -n and --dist), on throw-away test files
     proc = subprocess.run([sys.executable, "-m", "pytest", "-c", str(REPO / "pytest.ini"), "--rootdir", str(tmp_path),
-                           "-p", "no:cacheprovider", "-q", str(tmp_path / "test_grouped.py")],
+                           "-p", "no:cacheprovider", "-q", str(tmp_path / "test_grouped.py"),
+                           str(tmp_path / "test_named.py")],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # each test read its worker's name (a run without xdist workers fails there, on a KeyError)
     ran = {p.name: p.read_text() for p in (tmp_path / "ran").iterdir()}
-    grouped = {w for name, w in ran.items() if name.startswith("grouped_")}
-    assert len(ran) == 12
-    assert len(grouped) == 1, f"the group ran on {sorted(grouped)}: `--dist loadgroup` ignored its xdist_group"
+    assert len(ran) == 18
+    for kind in ("grouped", "named"):
+        workers = {w for name, w in ran.items() if name.startswith(f"{kind}_")}
+        assert len(workers) == 1, f"{kind}: ran on {sorted(workers)}: `--dist loadgroup` ignored its xdist_group"
