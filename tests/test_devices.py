@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from core.distenv import DevicePlan, plan_devices, sharing_note
+from core.distenv import (USER_VISIBLE_DEVICES_ENV, DevicePlan, apply_user_visible_devices, plan_devices,
+                          sharing_note)
 from core.errors import UserError
 from dist_algos.machinery.p2p import staging_device
 from engine.launch.commands import launcher_command, launcher_env
@@ -111,26 +112,42 @@ def test_staged_point_to_point_lands_in_the_target() -> None:
 
 
 @pytest.mark.parametrize("user", ["", "7", None])
-def test_the_ranks_see_the_gpus_the_user_showed_cli_py(user: str | None, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """DeepSpeed's per-node launcher, run as cli.py runs it (`launcher_env`, `launcher_command`'s
-    world_info), sets every rank's CUDA_VISIBLE_DEVICES to its slot ids; the rank's first act
-    (`apply_user_visible_devices`, engine/rank/entry.py) gives it back the user's: none for the
-    CPU, or the chosen GPUs. Without a user value, the launcher's slots stand. (One rank of a
-    one-slot launch: each of its three launches starts torch in every rank, CI's 30 minutes.)"""
+def test_a_rank_takes_back_the_gpus_the_user_showed_cli_py(user: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What cli.py passes its launcher (`launcher_env`) and what a rank does with it once the
+    launcher has set CUDA_VISIBLE_DEVICES to the rank's slot (`apply_user_visible_devices`, its
+    first act in engine/rank/entry.py): the user's value comes back, none for the CPU or the chosen
+    GPUs; without one, the slot stands. The launch below shows DeepSpeed's launcher carries it."""
     if user is None:
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     else:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", user)
+    env = launcher_env(load_launch_config(compose(["launch.nproc=1"]).launch))
+    for key in (USER_VISIBLE_DEVICES_ENV, "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(key, raising=False)
+    if USER_VISIBLE_DEVICES_ENV in env:
+        monkeypatch.setenv(USER_VISIBLE_DEVICES_ENV, env[USER_VISIBLE_DEVICES_ENV])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # DeepSpeed's launcher: slot 0 of localhost
+    apply_user_visible_devices()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == (user if user is not None else "0")
+
+
+def test_the_ranks_see_the_gpus_the_user_showed_cli_py(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeepSpeed's per-node launcher, run as cli.py runs it (`launcher_env`, `launcher_command`'s
+    world_info), sets every rank's CUDA_VISIBLE_DEVICES to its slot ids; the rank gives itself back
+    the user's, here none (this CPU machine's own setting: an empty value must survive the
+    launcher). The other values are the test above, in-process: each launch starts DeepSpeed and
+    torch again (about 11 s here, CI's 30 minutes)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     script = tmp_path / "record.py"
     script.write_text("import os, sys\n"
                       "from core.distenv import apply_user_visible_devices\n"
+                      "slot = os.environ['CUDA_VISIBLE_DEVICES']\n"
                       "apply_user_visible_devices()\n"
                       "open(os.path.join(sys.argv[1], 'rank_' + os.environ['RANK']), 'w')"
-                      ".write(os.environ['CUDA_VISIBLE_DEVICES'])\n")
+                      ".write(slot + '|' + os.environ['CUDA_VISIBLE_DEVICES'])\n")
     cfg = load_launch_config(compose(["launch.nproc=1"]).launch)
     env = {**launcher_env(cfg), "DS_ACCELERATOR": "cpu",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     command = launcher_command(cfg, 29998, [])[:-1]  # DeepSpeed's launcher, without cli.py
     subprocess.run([*command, str(script), str(tmp_path)], env=env, check=True, timeout=120, capture_output=True)
-    assert (tmp_path / "rank_0").read_text() == (user if user is not None else "0")
+    assert (tmp_path / "rank_0").read_text() == "0|"  # the launcher's slot, then the user's none

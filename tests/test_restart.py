@@ -167,8 +167,10 @@ LOSS = ["launch.nproc=2", "launch.launcher=fork", "train.max_steps=30", "checkpo
         "faults.restart_delay_s=0.5", "train.progress=false"]
 
 
-@pytest.mark.parametrize("algo", [["algo=allreduce"], ["algo=local_sgd", "algo.period=4"],
-                                  ["algo=diloco", "algo.inner_steps=4"]], ids=["allreduce", "local_sgd", "diloco"])
+# allreduce (issue 37's rows) and a periodic method whose checkpoints fall between its rounds;
+# DiLoCo's inner steps are the same case as local SGD's period, so not run again (CI's 30 minutes)
+@pytest.mark.parametrize("algo", [["algo=allreduce"], ["algo=local_sgd", "algo.period=4"]],
+                         ids=["allreduce", "local_sgd"])
 def test_a_kill_between_checkpoints_loses_the_steps_since_the_one_before(algo: list[str], cli_env: dict,
                                                                           tmp_path: Path) -> None:
     """A kill at step 15 with checkpoints at 10 and 20 costs steps 11-15 on both ranks, whatever
