@@ -59,6 +59,12 @@ def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, ar
         from core.distenv import init_distributed
 
         init_distributed("gloo", timeout_s=float(env.get("SYNCOPT_TEST_TIMEOUT", 60)), device=device)
+        # gloo returns from forming the group on one rank while a peer may still be finishing its
+        # side of their connection: a rank whose fn needs no collective (a warm-up) could then
+        # exit and close that connection under the peer ("Gloo connectFullMesh failed ...
+        # Connection closed by peer" at rank 1's init, seen once in CI). No rank goes on until
+        # every rank has formed the group.
+        dist.barrier()
         result = fn(rank, world_size, *args)
         torch.save({"ok": True, "result": result}, out)
         dist.destroy_process_group()
