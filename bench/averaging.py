@@ -3,7 +3,7 @@
 What a local-SGD synchronisation costs is one average of every parameter. Measured in one run,
 interleaved repetition by repetition (so a busy machine slows all candidates alike):
 
-- ours: `dist_algos.machinery.flat.average_` on a persistent `FlatBuffer` (parameters are views of it),
+- ours: `dist_algos.comm.flat.average_` on a persistent `FlatBuffer` (parameters are views of it),
   bucketed all_reduces in flight while the previous bucket is divided;
 - torch_average_parameters: `torch.distributed.algorithms.model_averaging.utils.average_parameters`
   (torch.cat into a fresh buffer, divide, one all_reduce, re-point the parameters);
@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from dist_algos.machinery.flat import BUCKET_BYTES, INFLIGHT, FlatBuffer, average_  # noqa: E402
+from dist_algos.comm.flat import BUCKET_BYTES, INFLIGHT, FlatBuffer, average_  # noqa: E402
 
 METHODS = ("ours", "torch_average_parameters", "per_tensor", "flat_allreduce")
 

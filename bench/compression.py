@@ -6,7 +6,7 @@ Per step a worker running a dense ring all_reduce sends 2 (K - 1) / K x 4N bytes
 reduced chunks (measured here: the baseline's own CPU cost, `dense_add_s`, one add of N floats).
 With a compressor it spends `codec_s` (one encode, plus one decode for a summable payload or K
 decodes for a gathered one: every worker decodes every payload) and sends its collective's bytes
-(`dist_algos.machinery.comm`: all_reduce of the payload when summable, all_gather otherwise). At link
+(`dist_algos.comm.accounting`: all_reduce of the payload when summable, all_gather otherwise). At link
 bandwidth B the two cost dense_bytes / B + dense_add_s and compressed_bytes / B + codec_s, so
 the compressor wins below
 
@@ -31,7 +31,7 @@ from typing import Any, Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from dist_algos.machinery.comm import allgather_bytes, allreduce_bytes  # noqa: E402
+from dist_algos.comm.accounting import allgather_bytes, allreduce_bytes  # noqa: E402
 from dist_algos.compress import build_chain  # noqa: E402
 from dist_algos.compress.contract import Combine, EncodeContext  # noqa: E402
 

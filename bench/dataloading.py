@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 from core.errors import UserError  # noqa: E402  (the repository is on the path from here on)
 from data import DataRequest, build_data, load_data_config  # noqa: E402
 from data.prepare import prepare  # noqa: E402
-from data.prepared import check_prepared  # noqa: E402
+from data.prepared_files import check_prepared  # noqa: E402
 from engine.config import register_schemas  # noqa: E402
 from tests.support import datagen  # noqa: E402
 

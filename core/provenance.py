@@ -2,7 +2,7 @@
 
 A number in a table is only evidence if a reader can rebuild the code that made it. Every run
 records the commit and the dirty flag of the checkout it started from (summary.json `commit`,
-`dirty`), and a table refuses to start on a dirty tree unless told to (engine/tables/provenance.py).
+`dirty`), and a table refuses to start on a dirty tree unless told to (tables/provenance.py).
 
 "Dirty" counts tracked changes and untracked files git does not ignore: an untracked recipe or
 module changes what a run does as much as an edited one. Paths under `ignore` (a table's own output

@@ -162,7 +162,7 @@ def wait_for_launch_record(run_dir: RunDir | Path, expected: dict[str, Any], wai
 # ---- fault-tolerant mode's start gate ------------------------------------------------------------
 
 def ready_flag(logs: Path, replica: int) -> Path:
-    """Written by replica `replica` once its Manager is up (engine/rank/ft_rounds.py)."""
+    """Written by replica `replica` once its Manager is up (engine/ft/rank/rounds.py)."""
     return logs / f"replica_{replica}.ready"
 
 

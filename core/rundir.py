@@ -21,7 +21,7 @@ storage) and the tools that read results (tables, tests). Its layout:
     logs/deepspeed_env     the environment exported to pdsh-started nodes
     checkpoints/step_<8 digits>/rank_<r>.pt, manifest.json
     checkpoints/best.json
-    spread/step_<8 digits>.json  a checkpoint's workers read by `python -m engine.drivers.worker_spread`
+    spread/step_<8 digits>.json  a checkpoint's workers read by `python -m engine.worker_spread`
 """
 from __future__ import annotations
 

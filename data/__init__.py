@@ -25,7 +25,7 @@ from data.config import DataConfig, PathsConfig, Pipeline
 from data.pipelines import PIPELINES
 from data.pipelines import installed as pipeline_installed
 from data.prefetch import prefetched
-from data.prepared import check_prepared, needs_preparation
+from data.prepared_files import check_prepared, needs_preparation
 from data.sets import DATASETS, register_dataset
 from data.sets.base import DataSet
 from data.split import split_identity as _split_identity

@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from core.errors import UserError, report_user_errors
 from data import load_data_config, register_configs
 from data.config import DataConfig, PathsConfig, Pipeline
-from data.prepared import MANIFEST, expected_files, needs_preparation, prepared_dir, write_manifest
+from data.prepared_files import MANIFEST, expected_files, needs_preparation, prepared_dir, write_manifest
 from data.sets import DATASETS
 from data.sets.base import DataSet
 

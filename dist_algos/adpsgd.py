@@ -4,7 +4,7 @@ WAGMA baseline.
 Workers average their models in pairs, atomically and without a global clock, while they keep
 computing. Deadlock-free pairing needs a bipartite graph: even ranks are *active* (they start
 an exchange), odd ranks *passive* (they serve one exchange at a time); the partner at step t
-is `dist_algos.machinery.group_schedule.bipartite_partner` (a perfect matching per step, cycling over
+is `dist_algos.schedules.groups.bipartite_partner` (a perfect matching per step, cycling over
 every active/passive pair), as the authors' MPI baseline pairs even with odd ranks.
 
 - `asynchronous=true` (default): a communication thread per rank on a gloo group of its own.
@@ -42,11 +42,11 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from dist_algos import register_algorithm
-from dist_algos.machinery import p2p
+from dist_algos.comm import p2p
 from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, Scenario, StepContext, TrainInfo
-from dist_algos.machinery.consensus import average_model_, average_model_copy
-from dist_algos.machinery.flat import FlatBuffer
-from dist_algos.machinery.group_schedule import bipartite_partner
+from dist_algos.consensus.average import average_model_, average_model_copy
+from dist_algos.comm.flat import FlatBuffer
+from dist_algos.schedules.groups import bipartite_partner
 from core.distenv import DistContext
 from core.errors import UserError
 

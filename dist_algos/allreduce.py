@@ -4,7 +4,7 @@ The baseline a user would actually run is torch's DistributedDataParallel, which
 gradient all_reduce with the backward pass; a baseline that averages after backward pays the
 whole transfer on top of the compute and makes every "local method vs parallel" comparison look
 better than it is on a slow link. So by default (`overlap=true`) the gradients are averaged the
-way DDP does (`dist_algos.machinery.grad_buckets`: bucketed gradient hooks, reverse parameter order,
+way DDP does (`dist_algos.comm.grad_buckets`: bucketed gradient hooks, reverse parameter order,
 asynchronous all_reduce per bucket, waited for before the optimizer step), with DDP's bucket
 sizes; its results equal DDP's (tests/test_allreduce.py). `overlap=false` keeps the older form,
 one flat all_reduce after backward, for comparison.
@@ -25,10 +25,10 @@ import torch.nn as nn
 from core.schema import option
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, Scenario, StepContext, TrainInfo
-from dist_algos.machinery.comm import allreduce_bytes
-from dist_algos.machinery.flat import average_, flat_grads
-from dist_algos.machinery.ft_round import run_round
-from dist_algos.machinery.grad_buckets import MIB, OverlappedAverage
+from dist_algos.comm.accounting import allreduce_bytes
+from dist_algos.comm.flat import average_, flat_grads
+from dist_algos.comm.round_averager import run_round
+from dist_algos.comm.grad_buckets import MIB, OverlappedAverage
 
 
 @dataclass

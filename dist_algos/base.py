@@ -42,8 +42,8 @@ import torch.nn as nn
 
 from core.distenv import DistContext
 from core.schema import Section, check_ranges
-from dist_algos.machinery.comm import CommStats
-from dist_algos.machinery.ft_round import RoundAverager
+from dist_algos.comm.accounting import CommStats
+from dist_algos.comm.round_averager import RoundAverager
 
 
 class Role(str, enum.Enum):
@@ -133,7 +133,7 @@ class StepContext:
     loss: torch.Tensor  # this rank's mean minibatch loss, detached scalar
     lr: float  # current LR of the first param group
     # local update from the current .grad (unscale, clip, step); clip=False skips train.grad_clip, for a
-    # plugin that clipped each worker's gradient itself (a sign update: dist_algos/compressed.py)
+    # plugin that clipped each worker's gradient itself (a sign update: dist_algos/compressed_sync.py)
     optimizer_step: Callable[..., None]
     extras: dict[str, Any] = field(default_factory=dict)
 
@@ -163,7 +163,7 @@ class DistAlgorithm(ABC):
     #: each must fail before launch with exit code 2 (tests/test_invalid_options.py).
     invalid_options: ClassVar[dict[str, str]] = {}
     #: Why this plugin cannot run in fault-tolerant mode (`ft.enabled=true`, checked before launch);
-    #: "" where it can: its communication is rounds of averages (`dist_algos.machinery.ft_round`).
+    #: "" where it can: its communication is rounds of averages (`dist_algos.comm.round_averager`).
     ft_refusal: ClassVar[str] = ("it has no fault-tolerant round (its communication is not an average over "
                                  "whoever is alive that a failed round can roll back)")
     #: Fault-tolerant mode: the rounds this plugin averages through instead of the process group.
@@ -218,7 +218,7 @@ class DistAlgorithm(ABC):
     def attach_ft_rounds(self, rounds: RoundAverager) -> None:
         """Fault-tolerant mode (after `setup`, before state is loaded): average through `rounds`,
         where a round may fail and must then be rolled back as the algorithm requires (see
-        `dist_algos.machinery.ft_round.run_round`). Only plugins with `ft_refusal == ""` are given one."""
+        `dist_algos.comm.round_averager.run_round`). Only plugins with `ft_refusal == ""` are given one."""
         self.ft_rounds = rounds
 
     def no_sync(self) -> contextlib.AbstractContextManager[Any]:

@@ -50,12 +50,12 @@ from core.errors import UserError
 from core.schema import option
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, Scenario, StepContext, TrainInfo
-from dist_algos.machinery.comm import allreduce_bytes
-from dist_algos.machinery.flat import FlatBuffer, average_
+from dist_algos.comm.accounting import allreduce_bytes
+from dist_algos.comm.flat import FlatBuffer, average_
 from dist_algos.compress.outer import OuterExchange, check_outer_options
-from dist_algos.machinery.ft_round import run_round
+from dist_algos.comm.round_averager import run_round
 from dist_algos.local_sgd import LocalModelConfig, LocalSGD
-from dist_algos.machinery.sync_schedule import SyncRule
+from dist_algos.schedules.sync import SyncRule
 
 Span = tuple[int, int, int]  # (index of a flat buffer, start, stop)
 

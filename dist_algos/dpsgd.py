@@ -26,11 +26,11 @@ import torch
 import torch.nn as nn
 
 from dist_algos import register_algorithm
-from dist_algos.machinery import p2p
+from dist_algos.comm import p2p
 from dist_algos.base import AlgoConfig, DistAlgorithm, Scenario, StepContext, TrainInfo
-from dist_algos.machinery.consensus import average_model_, average_model_copy
-from dist_algos.machinery.flat import FlatBuffer
-from dist_algos.machinery.group_schedule import ring_neighbours
+from dist_algos.consensus.average import average_model_, average_model_copy
+from dist_algos.comm.flat import FlatBuffer
+from dist_algos.schedules.groups import ring_neighbours
 
 RIGHTWARDS, LEFTWARDS = 0, 1  # message tags: the direction a message travels along the ring
 

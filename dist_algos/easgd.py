@@ -16,7 +16,7 @@ centre with the same arithmetic, so the centre is identical everywhere without a
 (the same values, one collective per period instead of two). The centre starts as the common
 initial weights. beta = 0.43 is the LSGD authors' setting (their script's c2).
 
-Fault-tolerant mode (`ft.enabled`): the elastic step is a round (`dist_algos.machinery.ft_round`) over the
+Fault-tolerant mode (`ft.enabled`): the elastic step is a round (`dist_algos.comm.round_averager`) over the
 replicas alive at it, N their number (alpha = beta / N); a replica that heals receives a peer's
 centre with its model. A round that fails applies nothing (weights and centre stay as they were;
 the average it gathered is discarded) and is recorded in `failed_rounds`.
@@ -40,11 +40,11 @@ import torch.nn as nn
 
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, RankLayout, Scenario, StepContext, TrainInfo
-from dist_algos.machinery.comm import allreduce_bytes
-from dist_algos.machinery.consensus_eval import EvalCopy, consensus_eval_ranks, consensus_model
-from dist_algos.machinery.flat import FlatBuffer, average_
-from dist_algos.machinery.ft_round import run_round
-from dist_algos.machinery.leader_select import pull_towards_
+from dist_algos.comm.accounting import allreduce_bytes
+from dist_algos.consensus.evaluation import EvalCopy, consensus_eval_ranks, consensus_model
+from dist_algos.comm.flat import FlatBuffer, average_
+from dist_algos.comm.round_averager import run_round
+from dist_algos.schedules.leader import pull_towards_
 from core.schema import option
 
 EVAL_MODELS = ("center", "average", "local")

@@ -2,7 +2,7 @@
 
 Every worker steps its own optimizer on its own data; after H local steps the workers average
 their models (parameters, plus the BatchNorm statistics and optimizer fields the config names).
-H comes from `dist_algos.machinery.sync_schedule`: constant, QSR's quadratic rule, the linear rule, or
+H comes from `dist_algos.schedules.sync`: constant, QSR's quadratic rule, the linear rule, or
 post-local SGD. The parallel baseline is `algo=allreduce` with the same optimizer. DiLoCo
 (`dist_algos.diloco`) is this class with an outer optimizer on the averaged change.
 
@@ -54,13 +54,13 @@ import torch.nn as nn
 
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, Scenario, StepContext, TrainInfo
-from dist_algos.machinery.bn_stats import bn_statistics, float_buffers, recompute_bn_statistics
-from dist_algos.machinery.comm import allreduce_bytes
+from dist_algos.consensus.bn_stats import bn_statistics, float_buffers, recompute_bn_statistics
+from dist_algos.comm.accounting import allreduce_bytes
 from dist_algos.compress import build_chain, check_chain
 from dist_algos.compress.model_delta import ModelDelta
-from dist_algos.machinery.flat import BUCKET_BYTES, FlatBuffer, Slot, average_, flat_grads
-from dist_algos.machinery.ft_round import run_round
-from dist_algos.machinery.sync_schedule import SCHEDULES, SyncRule
+from dist_algos.comm.flat import BUCKET_BYTES, FlatBuffer, Slot, average_, flat_grads
+from dist_algos.comm.round_averager import run_round
+from dist_algos.schedules.sync import SCHEDULES, SyncRule
 from core.errors import UserError
 from core.schema import option
 
@@ -78,7 +78,7 @@ class LocalModelConfig(AlgoConfig):
     bn_batches: int = option(16, ge=1)  # recompute: micro-batches over all workers (each takes bn_batches // K)
     # recompute: split training batches to this size; None: whole
     bn_micro_batch: Optional[int] = option(None, ge=1, hint="or null")
-    # cap of one all_reduce; None: dist_algos.machinery.flat.BUCKET_BYTES
+    # cap of one all_reduce; None: dist_algos.comm.flat.BUCKET_BYTES
     bucket_mb: Optional[float] = option(None, gt=0, hint="or null for the default")
 
 

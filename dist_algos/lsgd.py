@@ -47,10 +47,10 @@ import torch.nn as nn
 
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, RankLayout, Scenario, StepContext, TrainInfo
-from dist_algos.machinery.comm import allgather_bytes
-from dist_algos.machinery.consensus_eval import EvalCopy, broadcast_model_, consensus_eval_ranks, consensus_model
-from dist_algos.machinery.flat import FlatBuffer, average_
-from dist_algos.machinery.leader_select import RunningLoss, choose_leader, gather_losses, pull_towards_
+from dist_algos.comm.accounting import allgather_bytes
+from dist_algos.consensus.evaluation import EvalCopy, broadcast_model_, consensus_eval_ranks, consensus_model
+from dist_algos.comm.flat import FlatBuffer, average_
+from dist_algos.schedules.leader import RunningLoss, choose_leader, gather_losses, pull_towards_
 from core.errors import UserError
 from core.schema import option
 

@@ -18,7 +18,7 @@ Q initialisations decide the future and are checkpointed. PyTorch's `powerSGD_ho
 the same per gradient bucket; tests/test_powersgd.py compares the two step for step.
 
 Fault-tolerant mode (`ft.enabled`): each step is one round over the live replicas
-(`dist_algos.machinery.ft_round`): quorum, the two means (P with the vectors, then Q) over its
+(`dist_algos.comm.round_averager`): quorum, the two means (P with the vectors, then Q) over its
 participants, commit vote. A failed round takes no optimizer step and puts back what the step
 changed (error buffers, Q's, warm-start flag, initialisation count), so the next round starts
 from the same state on every survivor. A replica that healed in the round holds a peer's model,
@@ -39,8 +39,8 @@ from core.errors import UserError
 from core.schema import option
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, Scenario, StepContext, TrainInfo
-from dist_algos.machinery.comm import allreduce_bytes
-from dist_algos.machinery.flat import average_, flat_grads
+from dist_algos.comm.accounting import allreduce_bytes
+from dist_algos.comm.flat import average_, flat_grads
 from dist_algos.compress.powersgd_math import compressed_shape, orthogonalize_
 
 

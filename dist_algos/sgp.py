@@ -1,7 +1,7 @@
 """SGP: stochastic gradient push (Assran, Loizou, Ballas, Rabbat; ICML 2019), a WAGMA baseline.
 
 Push-sum gossip over a time-varying directed exponential graph: at step t rank i sends to
-i + 2^((t + j) mod m), j < `num_peers` (`dist_algos.machinery.group_schedule.exponential_peers`). Each
+i + 2^((t + j) mod m), j < `num_peers` (`dist_algos.schedules.groups.exponential_peers`). Each
 rank keeps a push-sum weight w (1 at the start) next to its model; the model the network sees
 (forward, backward, the optimizer) is the de-biased z = x / w, where x is the push-sum numerator.
 Per step, as in the SGP paper's Algorithm 1:
@@ -32,11 +32,11 @@ import torch
 import torch.nn as nn
 
 from dist_algos import register_algorithm
-from dist_algos.machinery import p2p
+from dist_algos.comm import p2p
 from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, Scenario, StepContext, TrainInfo
-from dist_algos.machinery.consensus import average_model_, average_model_copy
-from dist_algos.machinery.flat import FlatBuffer
-from dist_algos.machinery.group_schedule import exponential_hops, exponential_peers
+from dist_algos.consensus.average import average_model_, average_model_copy
+from dist_algos.comm.flat import FlatBuffer
+from dist_algos.schedules.groups import exponential_hops, exponential_peers
 from core.distenv import DistContext
 from core.errors import UserError
 from core.schema import option

@@ -3,7 +3,7 @@ Alistarh, Hoefler; TPDS 2021).
 
 Every step each worker averages its weights inside a small group, then applies its own
 gradient (computed at the weights before averaging) with the local optimizer; the groups change
-from step to step (`dist_algos.machinery.group_schedule.GroupSchedule`: recursive doubling, alternating
+from step to step (`dist_algos.schedules.groups.GroupSchedule`: recursive doubling, alternating
 between consecutive and rank-strided groups) so that information spreads over the whole world;
 every tau-th step (`global_period`) the average is global instead, which bounds how far apart
 the models can drift and how stale any contribution can be.
@@ -14,7 +14,7 @@ Two modes:
   arrive at a step starts the group average and slower members contribute the model they
   published last; the training thread waits only at the global average, and a group average
   reaches its model one step later (or more, when communication is slower than a step), as a
-  correction that keeps the local steps taken meanwhile. See `dist_algos.machinery.wait_avoiding` for
+  correction that keeps the local steps taken meanwhile. See `dist_algos.schedules.wait_avoiding` for
   the design and why it cannot deadlock. Timing decides which models meet, so this mode is not
   bit-reproducible.
 - `wait_avoiding=false`: the same schedule, synchronously, from the training thread; equal to
@@ -49,11 +49,11 @@ import torch.nn as nn
 
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, Scenario, StepContext, TrainInfo
-from dist_algos.machinery.comm import allreduce_bytes
-from dist_algos.machinery.consensus import average_model_, average_model_copy
-from dist_algos.machinery.flat import FlatBuffer, average_
-from dist_algos.machinery.group_schedule import GroupSchedule, is_global_step, log2_exact
-from dist_algos.machinery.wait_avoiding import Round, WaitAvoidingAverager
+from dist_algos.comm.accounting import allreduce_bytes
+from dist_algos.consensus.average import average_model_, average_model_copy
+from dist_algos.comm.flat import FlatBuffer, average_
+from dist_algos.schedules.groups import GroupSchedule, is_global_step, log2_exact
+from dist_algos.schedules.wait_avoiding import Round, WaitAvoidingAverager
 from core.distenv import DistContext
 from core.errors import UserError
 from core.schema import option

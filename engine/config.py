@@ -30,7 +30,6 @@ from data import PathsConfig, data_spec, load_data_config
 from engine.ft.config import FTConfig
 from engine.launch.config import LaunchConfig, load_launch_config
 from engine.report.metrics import LoggerConfig
-from engine.tables.config import TableConfig
 from engine.train.checkpointer import CheckpointConfig, check_checkpoint
 from engine.train.config import TrainConfig, check_train
 from engine.train.faults import FaultsConfig
@@ -104,7 +103,7 @@ SECTIONS: dict[str, SectionEntry] = {
     "model": SectionEntry(Any, None, _model),  # the model group's node (models' registry)
     "data": SectionEntry(Any, None, lambda _, node, __: load_data_config(node)),  # the data group's node (data sets)
     "algo": SectionEntry(Any, None, lambda _, node, __: dist_algos.load_algo_config(node)),  # the plugin's Config
-    "table": SectionEntry(Any, None),  # set only by `table=NAME` (engine.tables)
+    "table": SectionEntry(Any, None),  # set only by `table=NAME`: read by tables/, above the engine
 }
 
 
@@ -137,7 +136,6 @@ def register_schemas() -> None:
     _registered = True
     store = ConfigStore.instance()
     store.store(name="_syncopt", node=RunSchema)
-    store.store(group="table", name="_schema", node=TableConfig)
     data.register_configs()
     models.register_configs()
     dist_algos.register_configs()

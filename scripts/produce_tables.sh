@@ -12,7 +12,7 @@
 # at (its jobs.jsonl), else HEAD, so that a table is not made of several commits by accident; a
 # table whose store began at another commit is skipped (the chain log says so), not added to. A
 # COMMIT named here is deliberate: stores begun at another commit are continued at it, and each
-# table.md lists every commit its runs were made at (engine/tables/provenance.py). Name one only
+# table.md lists every commit its runs were made at (tables/provenance.py). Name one only
 # after `git diff <store's commit> COMMIT` shows the training path unchanged.
 # Environment: TABLES (default below, in order), TABLES_DIR (run folders, logs, the worktree;
 # default /tmp/tables). Uses the repository's .venv (scripts/setup_env.sh).

@@ -36,7 +36,7 @@ import numpy as np
 
 from core.errors import UserError
 from data.config import DataConfig, Pipeline
-from data.forms.arrays import ArraySamples
+from data.samples.arrays import ArraySamples
 from data.sets import register_dataset
 from data.sets.base import DataSet, Transform
 

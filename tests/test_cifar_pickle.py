@@ -1,7 +1,7 @@
 """CIFAR's python-pickle batches are loaded without letting a file run code.
 
 A pickle can name any importable callable and have it called while loading; a tampered CIFAR
-batch would then run on every rank. `data.forms.safe_pickle` admits only the globals the format
+batch would then run on every rank. `data.samples.safe_pickle` admits only the globals the format
 needs (numpy's array and scalar reconstruction, dtypes, protocol 2's bytes), so a crafted batch
 whose `__reduce__` calls `os.system` is refused, in one line naming the file, before the call
 happens; batches in the real format (as the CIFAR site's Python 2 pickles name numpy, and as

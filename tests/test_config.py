@@ -9,7 +9,7 @@ import yaml
 from core.errors import UserError
 from data import DATASETS
 from dist_algos import ALGORITHMS
-from engine.tables.config import TableConfig
+from tables.config import TableConfig
 from models import MODELS
 from tests.support.harness import CONF, compose
 

@@ -207,7 +207,7 @@ CROP_SHAPES = ((300, 400), (10, 400))  # (height, width): a photograph, and one 
 
 def _ffcv_crop_windows(n: int = 4000) -> dict[tuple[int, int], np.ndarray]:
     """FFCV's seeded RandomResizedCrop windows (top, left, h, w) for n sample keys."""
-    from data.pipelines.ffcv_ops import mix64, torchvision_rrc_window
+    from data.ffcv_augment import mix64, torchvision_rrc_window
 
     scale, log_ratio = np.array([0.08, 1.0]), np.log(np.array([3 / 4, 4 / 3]))
     return {(h, w): np.array([torchvision_rrc_window(np.uint64(mix64(np.uint64(k))), h, w, scale, log_ratio)

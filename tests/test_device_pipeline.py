@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from data import DATASETS, DataRequest, build_data
-from data.pipelines.device_ops import DeviceAugment, crop_offsets, draw, mix64
+from data.device_augment import DeviceAugment, crop_offsets, draw, mix64
 from data.sampler import sample_seed, sample_seeds
 from tests.support.datagen import cifar_label, read_identity, write_cifar
 from tests.support.harness import compose, run_ranks

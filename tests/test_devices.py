@@ -14,7 +14,7 @@ import torch
 from core.distenv import (USER_VISIBLE_DEVICES_ENV, DevicePlan, apply_user_visible_devices, plan_devices,
                           sharing_note)
 from core.errors import UserError
-from dist_algos.machinery.p2p import staging_device
+from dist_algos.comm.p2p import staging_device
 from engine.launch.commands import launcher_command, launcher_env
 from engine.launch.config import load_launch_config
 from tests.support.harness import compose, run_ranks
@@ -95,7 +95,7 @@ def test_staging_device(backend: str, device: str, expected: Any) -> None:
 
 def _staged_exchange(rank: int, world: int) -> list[float]:
     """Both directions through a host buffer (what a CUDA tensor on a gloo group takes)."""
-    from dist_algos.machinery.p2p import irecv_via, isend_via
+    from dist_algos.comm.p2p import irecv_via, isend_via
 
     host = torch.device("cpu")
     mine = torch.full((5,), float(rank + 1))

@@ -1,6 +1,6 @@
 """`launch.launcher=fork`: the ranks forked from cli.py run the launcher's run, bit for bit, and
 everything around them (the rank watch, stop signals, the run lock, resume) behaves as under
-DeepSpeed's launcher (engine/drivers/fork_ranks.py, docs/multinode.md)."""
+DeepSpeed's launcher (engine/launch/fork.py, docs/multinode.md)."""
 from __future__ import annotations
 
 import base64
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from core.run_files import read_step
-from engine.drivers.fork_ranks import check_fork_safe, job_exit_code
+from engine.launch.fork import check_fork_safe, job_exit_code
 from engine.launch.commands import forked_rank_env
 from engine.launch.procs import alive
 from tests.support.cli_runs import REPO, error_line, run_cli, run_cli_here, signal_cli_when, start_cli
@@ -116,7 +116,7 @@ def assert_same_results(a_dir: Path, b_dir: Path, world: int) -> None:
 RANK_IMPORTS_PROBE = """
 import json, runpy, sys
 import engine.rank.entry as entry
-from engine.drivers.fork_ranks import import_rank_modules
+from engine.launch.fork import import_rank_modules
 trained = entry.main
 def probed(cfg, run_dir):
     import_rank_modules()
@@ -273,7 +273,7 @@ def test_what_fork_cannot_do_is_one_line(args: list[str], words: list[str], tmp_
 # its SIGUSR1 disposition as it starts, and whether /proc says it catches SIGUSR1 then
 DISPOSITION_PROBE = """
 import json, os, signal, sys
-from engine.drivers.fork_ranks import ForkedRanks
+from engine.launch.fork import ForkedRanks
 from engine.launch.remote import catches
 out = sys.argv[1]
 def body():

@@ -144,7 +144,7 @@ def _replica(index: int, lighthouse: str, out: str, dies: bool) -> None:
     from torch.distributed import TCPStore
 
     from engine.ft.config import FTConfig
-    from engine.rank.ft_rounds import ManagerRounds
+    from engine.ft.rank.rounds import ManagerRounds
     from engine.launch.commands import free_port
 
     port = free_port()
@@ -170,7 +170,7 @@ def _replica(index: int, lighthouse: str, out: str, dies: bool) -> None:
 
 def test_a_replica_dying_inside_a_round_leaves_it_uncommitted_everywhere(tmp_path: Path) -> None:
     from engine.ft.config import FTConfig
-    from engine.drivers.lighthouse import Lighthouse
+    from engine.ft.launch.lighthouse import Lighthouse
 
     # two replicas make a quorum: the survivors' next round waits for both of them
     house = Lighthouse.start("127.0.0.1", FTConfig(enabled=True, heartbeat_timeout_s=1.0, join_timeout_s=3.0),
@@ -212,7 +212,7 @@ class _Payload:
 
 
 def test_a_crafted_pickle_fed_through_healing_is_refused_not_executed(tmp_path: Path) -> None:
-    from engine.rank.ft_transport import HealingRefused, TensorOnlyTransport
+    from engine.ft.rank.transport import HealingRefused, TensorOnlyTransport
 
     marker = tmp_path / "pwned"
     payload = pickle.dumps({"user": {"default": _Payload(marker)}, "torchft": {"step": 1}})
@@ -302,7 +302,7 @@ def test_the_quorum_wait_covers_the_period_before_each_round_unless_one_is_given
     period that led to it; a value given is kept, with one warning when a period outlasts it."""
     from types import SimpleNamespace
 
-    from engine.rank import ft_rounds
+    from engine.ft.rank import rounds as ft_rounds
     default, cover = ft_rounds.DEFAULT_QUORUM_TIMEOUT_S, ft_rounds.PERIOD_COVER
     assert ft_rounds.round_quorum_timeout(None, 5.0) == (default, "")
     two_hours = 2 * 3600.0

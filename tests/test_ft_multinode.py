@@ -1,6 +1,6 @@
 """Fault-tolerant mode over two hosts (network namespaces, tests/support/emulated_hosts.py): one supervisor
 per node started with launch.no_ssh=true (as slurm/syncopt.sbatch starts them), node 0 holding the
-lighthouse on its own address, the nodes meeting in the shared run directory (engine/drivers/ft_nodes.py).
+lighthouse on its own address, the nodes meeting in the shared run directory (engine/ft/launch/nodes.py).
 
 One 2-host x 2-replica local SGD job, started over pdsh (which runs the per-node no-ssh command
 on each host); a replica of node 1 is killed by pid mid-run. The job must exit 0; node 0's summary
@@ -117,15 +117,15 @@ def test_what_fault_tolerant_mode_refuses_across_machines_is_one_line(extra: dic
 
 
 def _layout(node: int) -> Any:
-    from engine.drivers.ft_nodes import NodeLayout
+    from engine.ft.launch.nodes import NodeLayout
 
     return NodeLayout(node, 3, 6, [2 * node, 2 * node + 1], f"10.0.0.{node + 1}", "10.0.0.1", 29500)
 
 
 def test_nodes_see_each_others_replicas_an_ended_job_and_a_lost_node(tmp_path: Path) -> None:
-    """engine/drivers/ft_nodes.py without processes: node 0's view of nodes 1 and 2 through their records."""
+    """engine/ft/launch/nodes.py without processes: node 0's view of nodes 1 and 2 through their records."""
     from core.rundir import RunDir
-    from engine.drivers.ft_nodes import NodeRecord, NodeWatch, write_node_record
+    from engine.ft.launch.nodes import NodeRecord, NodeWatch, write_node_record
 
     run_dir = RunDir(tmp_path)
     run_dir.logs.mkdir(parents=True)
@@ -152,7 +152,7 @@ def test_nodes_see_each_others_replicas_an_ended_job_and_a_lost_node(tmp_path: P
 def test_node_0_alone_gives_the_go_once_every_node_s_replicas_are_ready(tmp_path: Path) -> None:
     from core.rundir import RunDir
     from engine.ft.config import FTConfig
-    from engine.drivers.ft_supervisor import Supervisor
+    from engine.ft.launch.supervisor import Supervisor
     from engine.launch.config import LaunchConfig
 
     run_dir = RunDir(tmp_path)
@@ -173,7 +173,7 @@ def test_a_node_never_joins_on_the_last_attempts_records(tmp_path: Path) -> None
     import threading
 
     from core.rundir import RunDir
-    from engine.drivers.ft_nodes import NodeRecord, clear_job_files, meet, write_node_record
+    from engine.ft.launch.nodes import NodeRecord, clear_job_files, meet, write_node_record
 
     run_dir = RunDir(tmp_path)
     run_dir.logs.mkdir(parents=True)

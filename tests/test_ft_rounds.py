@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from dist_algos.machinery.ft_round import RoundAverager
+from dist_algos.comm.round_averager import RoundAverager
 from tests.support.plugin_harness import flat_params, loss_of, make_workers, worker_batch
 
 K, TAU, BETA, STEPS = 3, 2, 0.43, 10

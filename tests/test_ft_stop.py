@@ -93,7 +93,7 @@ class _Replica:
         from torch.distributed import TCPStore
 
         from engine.launch.commands import free_port
-        from engine.rank.ft_rounds import ManagerRounds
+        from engine.ft.rank.rounds import ManagerRounds
 
         port = free_port()
         self.store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
@@ -116,7 +116,7 @@ class _Replica:
 
 def _lighthouse(tmp_path: Path, cfg: FTConfig, min_replicas: int) -> Any:
     from core.run_files import go_flag
-    from engine.drivers.lighthouse import Lighthouse
+    from engine.ft.launch.lighthouse import Lighthouse
 
     house = Lighthouse.start("127.0.0.1", cfg, tmp_path / "lighthouse.log", min_replicas=min_replicas)
     go_flag(tmp_path).write_text("go\n")  # the start gate: nobody to wait for

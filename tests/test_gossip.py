@@ -17,7 +17,7 @@ import time
 
 import torch.nn as nn
 
-from dist_algos.machinery.group_schedule import bipartite_partner, exponential_peers, ring_neighbours
+from dist_algos.schedules.groups import bipartite_partner, exponential_peers, ring_neighbours
 from core.errors import UserError
 from tests.support.harness import run_ranks
 from dist_algos.base import HyperParams

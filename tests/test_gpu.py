@@ -103,7 +103,7 @@ def test_four_ranks_share_one_gpu(algo: str, tmp_path: Path) -> None:
 def _gloo_cuda_p2p(rank: int, world: int) -> list[float]:
     import torch.distributed as dist
 
-    from dist_algos.machinery import p2p
+    from dist_algos.comm import p2p
 
     device = torch.device("cuda", 0)
     assert dist.get_backend() == "gloo"

@@ -21,15 +21,25 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-FLOORS = {"core": 0, "data": 1, "models": 1, "dist_algos": 1, "engine": 2, "cli": 3, "bench": 3}
+FLOORS = {"core": 0, "data": 1, "models": 1, "dist_algos": 1, "engine": 2, "tables": 3, "cli": 4, "bench": 4}
 #: packages too heavy, or too rarely needed, to import before they are chosen
 HEAVY_OPTIONAL = ("ffcv", "nvidia.dali", "wandb", "matplotlib", "submitit", "deepspeed", "numba", "torchft")
 #: Floors inside a package, lowest first, each a group of module prefixes: a prefix names a module
 #: and the modules under it, and the longest prefix naming a module places it. An import inside
 #: the package stays in its group or goes down.
 INNER_FLOORS: dict[str, list[tuple[str, ...]]] = {
+    "data": [
+        # what a data set is made of: the section, sharding, the trainer's streams, the forms samples
+        # take, on-device augmentation, MNIST-1D's generator, text, the validation split
+        ("data.config", "data.sampler", "data.stream", "data.prefetch", "data.device_augment",
+         "data.ffcv_augment", "data.mnist1d_generator", "data.samples", "data.text", "data.split"),
+        ("data.sets",),  # one file per data set
+        ("data.prepared_files", "data.pipelines"),  # what reads the sets: prepared files, the pipelines
+        ("data", "data.prepare"),  # what the runner imports, and `python -m data.prepare`
+    ],
     "dist_algos": [
-        ("dist_algos.machinery",),  # what plugins are built from: accounting, flat buffers, schedules
+        ("dist_algos.comm",),  # how plugins communicate: accounting, flat buffers, buckets, p2p, rounds
+        ("dist_algos.consensus", "dist_algos.schedules"),  # the consensus model; when and with whom
         ("dist_algos.compress",),  # compression, usable without the plugin contract
         ("dist_algos.base",),  # the plugin contract
         ("dist_algos.param_server.layout", "dist_algos.param_server.wire",  # the parameter-server base
@@ -38,18 +48,21 @@ INNER_FLOORS: dict[str, list[tuple[str, ...]]] = {
     ],
     "engine": [
         # the parts and their config sections: checkpoint format, reports, the trainer's
-        # components, what launching needs (section, hostfile, network, commands), the `ft`
-        # section, tables, usage
-        ("engine.checkpoint", "engine.report", "engine.train", "engine.launch", "engine.ft", "engine.tables",
-         "engine.usage"),
+        # components, what the plan reads of launching (section, hostfile, network, commands),
+        # the `ft` section, usage
+        ("engine.checkpoint", "engine.report", "engine.train", "engine.launch.config", "engine.launch.hostfile",
+         "engine.launch.network", "engine.launch.node_group", "engine.launch.procs", "engine.launch.remote",
+         "engine.launch.commands", "engine.ft", "engine.ft.config", "engine.usage"),
         ("engine.config",),  # the run's sections together
         ("engine.plan",),  # what is decided before training
-        ("engine.rank", "engine.drivers"),  # inside a rank | in the launching process
+        # inside a rank | in the launching process | a command reading a finished run
+        ("engine.rank", "engine.ft.rank", "engine.launch", "engine.ft.launch", "engine.worker_spread"),
     ],
 }
 #: groups on one floor of a package that never import each other (they meet in the run directory)
 INNER_APART: dict[str, list[tuple[str, str]]] = {
-    "engine": [("engine.rank", "engine.drivers")],
+    "engine": [("engine.rank", "engine.launch"), ("engine.rank", "engine.ft.launch"),
+               ("engine.ft.rank", "engine.launch"), ("engine.ft.rank", "engine.ft.launch")],
 }
 
 
@@ -267,8 +280,8 @@ def test_a_planted_upward_import_is_caught(tmp_path: Path) -> None:
     the rank's code: each read from a planted module file, each reported."""
     modules = project_modules()
     planted = {"engine.train.planted": "from engine.plan import RunPlan\n",
-               "engine.plan": "from engine.drivers.launcher import launch\n",  # (a planted version of it)
-               "engine.drivers.planted": "def f():\n    from engine.rank.trainer import Trainer\n"}
+               "engine.plan": "from engine.launch.loop import launch\n",  # (a planted version of it)
+               "engine.launch.planted": "def f():\n    from engine.rank.trainer import Trainer\n"}
     edges: list[Edge] = []
     for name, text in planted.items():
         path = tmp_path / (name.replace(".", "_") + ".py")
@@ -277,8 +290,8 @@ def test_a_planted_upward_import_is_caught(tmp_path: Path) -> None:
     wrong = upward_inside(edges, "engine", INNER_FLOORS["engine"], INNER_APART["engine"])
     assert len(wrong) == 3, wrong
     assert "engine.train.planted:1 imports engine.plan, a floor up" in wrong[0]
-    assert "engine.plan:1 imports engine.drivers.launcher, a floor up" in wrong[1]
-    assert "engine.drivers.planted:2 imports engine.rank.trainer: engine.drivers and engine.rank are kept apart" \
+    assert "engine.plan:1 imports engine.launch.loop, a floor up" in wrong[1]
+    assert "engine.launch.planted:2 imports engine.rank.trainer: engine.launch and engine.rank are kept apart" \
         in wrong[2]
     # and nothing where the imports run down
     down = [Edge("engine.plan", "engine.train.optim", 1, False), Edge("engine.rank.trainer", "engine.plan", 1, False)]
@@ -290,19 +303,19 @@ def test_an_upward_import_planted_inside_dist_algos_is_caught(tmp_path: Path) ->
     read from files like any module and caught; a plugin importing a helper is not."""
     modules = project_modules()
     groups = INNER_FLOORS["dist_algos"]
-    planted = {"dist_algos.machinery.planted": "from dist_algos.base import DistAlgorithm\n",
+    planted = {"dist_algos.comm.planted": "from dist_algos.base import DistAlgorithm\n",
                "dist_algos.compress.planted": "from dist_algos import register_algorithm\n",
-               "dist_algos.planted": "from dist_algos.machinery import flat\n"}
+               "dist_algos.planted": "from dist_algos.comm import flat\n"}
     edges: list[Edge] = []
     for name, code in planted.items():
         path = tmp_path / f"{name}.py"
         path.write_text(code)
         edges += edges_of(name, path, modules)[0]
     assert upward_inside(edges, "dist_algos", groups) == [
-        "dist_algos.machinery.planted:1 imports dist_algos.base, a floor up inside dist_algos/",
+        "dist_algos.comm.planted:1 imports dist_algos.base, a floor up inside dist_algos/",
         "dist_algos.compress.planted:1 imports dist_algos, a floor up inside dist_algos/"]
-    assert inner_floor("dist_algos.param_server.dgs", groups) == inner_floor("dist_algos.allreduce", groups) == 4
-    assert inner_floor("dist_algos.param_server.wire", groups) == 3
+    assert inner_floor("dist_algos.param_server.dgs", groups) == inner_floor("dist_algos.allreduce", groups) == 5
+    assert inner_floor("dist_algos.param_server.wire", groups) == 4
 
 
 # ---- private names ------------------------------------------------------------------------------
@@ -330,7 +343,7 @@ def test_a_planted_private_import_is_caught(tmp_path: Path) -> None:
     modules = project_modules()
     path = tmp_path / "planted.py"
     path.write_text("from engine.launch.commands import REPO, free_port\nfrom os.path import _joinrealpath\n"
-                    "from engine.drivers.launch_plans import LaunchPlan as _Plan\n"
-                    "from engine.drivers.launcher import _job_manager_signal\n")
+                    "from engine.launch.plans import LaunchPlan as _Plan\n"
+                    "from engine.launch.loop import _job_manager_signal\n")
     assert private_imports({**modules, "engine.planted": path}) - private_imports(modules) == \
         {("engine.planted", "_job_manager_signal")}

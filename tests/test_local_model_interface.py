@@ -13,7 +13,7 @@ from core.errors import UserError
 from core.schema import option
 from dist_algos.base import AlgoConfig, HyperParams, StepContext, TrainInfo
 from dist_algos.local_sgd import LocalModelConfig, LocalSGD
-from dist_algos.machinery.sync_schedule import SyncRule
+from dist_algos.schedules.sync import SyncRule
 from tests.support.harness import run_ranks
 from tests.support.plugin_harness import loss_of, make_model, make_optimizer, worker_batch
 

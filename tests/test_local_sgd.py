@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from dist_algos.machinery.sync_schedule import SyncRule
+from dist_algos.schedules.sync import SyncRule
 from tests.support.harness import run_ranks
 from dist_algos.base import HyperParams
 from tests.support.plugin_harness import hyper_of, flat_params, grad_step, loss_of, make_model, make_optimizer, worker_batch
@@ -66,7 +66,7 @@ def bn_batches_of(worker: int, world: int) -> Callable[[int], Any]:
 def run_variants(rank: int, world: int, variants: list[dict[str, Any]]) -> dict[str, Any]:
     from dist_algos import get_algorithm
     from dist_algos.base import StepContext, TrainInfo
-    from dist_algos.machinery.flat import FlatBuffer, average_
+    from dist_algos.comm.flat import FlatBuffer, average_
     from core.schema import typed_section
     from core.distenv import init_distributed
 

@@ -9,7 +9,7 @@ import torch
 
 from dist_algos.base import HyperParams
 from dist_algos.easgd import EASGD, EASGDConfig, elastic_update_
-from dist_algos.machinery.leader_select import RunningLoss, choose_leader, pull_towards_
+from dist_algos.schedules.leader import RunningLoss, choose_leader, pull_towards_
 from dist_algos.lsgd import LSGD, LSGDConfig, local_leader_active, partition, resolve_group_size
 from core.distenv import DistContext
 from core.errors import UserError

@@ -14,7 +14,7 @@ import torch
 from core.errors import UserError
 from core.spec import SignalSpec
 from data import DataRequest, build_streams, data_spec, num_train_samples, split_identity
-from data.mnist1d import Procedure, interp_rows, make
+from data.mnist1d_generator import Procedure, interp_rows, make
 from data.split import train_split
 from models import build_model, check_buildable
 from tests.support.harness import compose, run_ranks

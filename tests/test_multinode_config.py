@@ -16,9 +16,9 @@ import pytest
 
 from core.errors import UserError
 from core.run_files import wait_for_launch_record as _wait_for_node0
-from engine.drivers.launch_plans import no_ssh_plan as _no_ssh_plan
-from engine.drivers.launcher import run_launcher
-from engine.drivers.rank_watch import RankWatch
+from engine.launch.plans import no_ssh_plan as _no_ssh_plan
+from engine.launch.loop import run_launcher
+from engine.launch.rank_watch import RankWatch
 from engine.launch.commands import multi_node_command
 from engine.launch.config import load_launch_config
 from engine.launch.hostfile import node_plan, read_hostfile, select_hosts

@@ -18,7 +18,7 @@ FAKE_RUN = """
 import sys, time
 begun = time.time_ns()
 from pathlib import Path
-from engine.drivers.rank_watch import RankWatch
+from engine.launch.rank_watch import RankWatch
 run = Path(sys.argv[1].split("=", 1)[1])
 request = run / "stop_request"
 while not (request.exists() and request.stat().st_mtime_ns >= begun):

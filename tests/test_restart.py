@@ -17,7 +17,7 @@ import torch
 from core.errors import UserError
 from core.run_files import FaultLog, read_step
 from core.rundir import RunDir
-from engine.drivers.restart import run_with_restarts
+from engine.launch.restart import run_with_restarts
 from engine.train.faults import FaultsConfig, fault_summary, mtbf_draw, parse_faults
 from tests.support.cli_runs import REPO, error_line, run_cli, run_cli_here, start_cli
 from tests.support.processes import wait_for

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from engine.train.stateful import RngState
+from engine.train.rank_state import RngState
 
 
 def test_a_cpu_rank_never_reads_cudas_generators_even_where_a_gpu_is_visible(monkeypatch: pytest.MonkeyPatch) -> None:

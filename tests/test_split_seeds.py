@@ -55,7 +55,7 @@ def test_a_row_that_sets_a_seeded_option_itself_is_refused(tmp_path: Path) -> No
 
 
 def test_rows_evaluated_on_other_data_at_one_seed_are_not_paired() -> None:
-    from engine.tables.compare import pairing
+    from tables.compare import pairing
 
     def run(split_seed: int) -> dict:
         return {"train_ranks": 8, "data_split": {"partition": "iid", "split_seed": split_seed, "generated":

@@ -1,4 +1,4 @@
-"""`table.compare_with`: one task's verdicts set beside another's (engine/tables/across.py)."""
+"""`table.compare_with`: one task's verdicts set beside another's (tables/cross_task.py)."""
 from __future__ import annotations
 
 import csv
@@ -8,8 +8,8 @@ import pytest
 from scipy.stats import kendalltau
 
 from core.errors import UserError
-from engine.tables.across import Verdict, across_lines, agreement, kendall_tau_b, read_verdicts
-from engine.tables.measure import Better
+from tables.cross_task import Verdict, across_lines, agreement, kendall_tau_b, read_verdicts
+from tables.measure import Better
 
 
 def compose_table(overrides: list[str]):
@@ -18,7 +18,7 @@ def compose_table(overrides: list[str]):
     from hydra.core.global_hydra import GlobalHydra
 
     import cli  # registers the table schema
-    from engine.tables.config import load_table
+    from tables.config import load_table
     from tests.support.harness import CONF
 
     assert cli.register_schemas
@@ -128,8 +128,8 @@ def test_a_gathered_table_sets_its_rows_beside_the_other_tasks(tmp_path: Path) -
 
     from omegaconf import OmegaConf
 
-    from engine.drivers.table_runner import run_table
-    from engine.tables.config import RowConfig, row_dir
+    from tables.runner import run_table
+    from tables.config import RowConfig, row_dir
 
     accs = {"allreduce@iid": [0.95, 0.96, 0.97], "diloco@iid": [0.90, 0.905, 0.92]}  # diloco 0.05 worse, resolved
     for label, values in accs.items():
@@ -151,7 +151,7 @@ def test_a_gathered_table_sets_its_rows_beside_the_other_tasks(tmp_path: Path) -
 
 
 def test_an_older_tables_reading_under_the_protocol_is_preferred(tmp_path: Path) -> None:
-    from engine.tables.across import read_other
+    from tables.cross_task import read_other
 
     results, configs = tmp_path / "results", tmp_path / "conf"
     _write_other(results, configs, "old", [_record("sgp@iid", -0.01, -0.015, -0.005, True, holm=False)], "test_acc")

@@ -39,7 +39,7 @@ def _summary(acc: float, ranks: int = 8, partition: str = "iid", commit: str = "
 
 
 def _reported(out: Path, label: str, accs: list[float], **kw: Any) -> None:
-    from engine.tables.config import RowConfig, row_dir
+    from tables.config import RowConfig, row_dir
 
     for seed, acc in zip([1, 2, 3], accs):
         _write_run(row_dir(out, RowConfig(label=label), seed), _summary(acc, **kw),
@@ -67,7 +67,7 @@ def test_a_row_with_no_spread_over_seeds_still_gets_the_interval_its_test_set_al
     """Every seed at 0.99 (s = 0): the cell's half-width is z SE of the Agresti-Coull share on 360
     examples, not 0; a row one image below its baseline on every seed is not resolved (it was:
     asgd@iid, [-0.0028, -0.0028]); 6 images on every seed are, as the exact sign test says."""
-    from engine.tables.stats import cell_half_width, difference, half_width
+    from tables.stats import cell_half_width, difference, half_width
 
     assert half_width([0.99, 0.99, 0.99]) == 0.0
     p = (N_TEST * 0.99 + 2) / (N_TEST + 4)
@@ -91,7 +91,7 @@ def test_holm_adjusts_a_family_as_computed_by_hand() -> None:
     3 x 0.01 = 0.03, 2 x 0.03 = 0.06, max(0.06, 1 x 0.04) = 0.06. At alpha 0.05 the first two are
     resolved, Holm stops at the third; the levels of the intervals drawn are 0.05/4, 0.05/3, then
     0.05/2 for the two it stops at."""
-    from engine.tables.stats import holm, holm_levels
+    from tables.stats import holm, holm_levels
 
     assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
     assert holm_levels([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.05 / 3, 0.05 / 2, 0.05 / 2, 0.05 / 4])
@@ -103,7 +103,7 @@ def test_a_table_with_k_comparisons_applies_holm_and_its_drawn_intervals_agree(t
     t-tests): table.csv's raw p are scipy's, its Holm p are the hand computation from them, and
     each Holm-level interval excludes 0 exactly when the row is resolved after correction, though
     two rows are resolved before it."""
-    from engine.drivers.table_runner import run_table
+    from tables.runner import run_table
 
     base = [0.90, 0.92, 0.97]
     rows = {"big": [0.95, 0.97, 1.03], "mid": [0.925, 0.95, 0.985], "none": [0.91, 0.91, 0.98]}  # p 0.004, 0.034, 0.67
@@ -142,7 +142,7 @@ def test_a_diverged_seed_is_shown_and_keeps_its_row_out_of_the_loss_comparisons(
     MNIST-1D did, at 0.9): the gather does not crash (it did, in statistics.stdev), the loss cell
     says "diverged" rather than averaging the survivors, and on a loss headline that row is compared
     with nothing and says why, while the other rows keep their comparisons; runs.csv keeps the NaN."""
-    from engine.drivers.table_runner import run_table
+    from tables.runner import run_table
 
     for label, accs in {"base": [0.90, 0.92, 0.97], "blown": [0.91, 0.93, 0.96], "fine": [0.95, 0.97, 1.0]}.items():
         _reported(tmp_path, label, accs)
@@ -167,7 +167,7 @@ def test_the_smallest_resolvable_difference_comes_from_the_tables_own_spread() -
     """Without a floor: (t(0.975, k-1) + t(0.8, k-1)) sd / sqrt(k). With one: the d that solves
     d^2 = A^2 + ((z(0.975) + z(0.8)) SE(d))^2; on 360 test images no difference below about 10
     images is resolved with 80% power however many seeds run."""
-    from engine.tables.stats import difference_se_floor, min_detectable, seeds_for
+    from tables.stats import difference_se_floor, min_detectable, seeds_for
 
     sd = 0.004
     assert min_detectable(sd, 3) == pytest.approx((st.t.ppf(0.975, 2) + st.t.ppf(0.8, 2)) * sd / math.sqrt(3))
@@ -186,7 +186,7 @@ def test_the_smallest_resolvable_difference_comes_from_the_tables_own_spread() -
 def test_a_tie_at_a_grids_edge_extends_the_grid(tmp_path: Path) -> None:
     """lr 0.03 and 0.1 tie for the best at the low end of [0.03, 0.1, 0.3]: the grid grows below
     0.03 (it grew only past a strict winner, and a tie at an edge was not even flagged)."""
-    from engine.tables.tuning import choose, extend_grid, tune_dir
+    from tables.tuning import choose, extend_grid, tune_dir
 
     grid = {"optim.lr": [0.03, 0.1, 0.3]}
     for lr, v in ((0.03, 0.95), (0.1, 0.95), (0.3, 0.5)):
@@ -199,9 +199,9 @@ def test_settings_within_the_validation_sets_resolution_get_a_second_seed_then_t
     """On 144 validation images, lr 0.1 beats lr 0.03 by 2 images on seed 0: within noise, so the
     grid runs again on the tie seed (4: neither reported nor tuned); still within noise there, the
     lower validation loss decides (0.03), and table.md flags the row."""
-    from engine.tables.config import load_table
-    from engine.drivers.table_runner import chosen, tuning_jobs
-    from engine.tables.tuning import tune_dir
+    from tables.config import load_table
+    from tables.runner import chosen, tuning_jobs
+    from tables.tuning import tune_dir
 
     grid = {"optim.lr": [0.03, 0.1, 0.3]}
     val = {0.03: (140, 0.10), 0.1: (142, 0.20), 0.3: (100, 0.90)}  # correct images of 144, val_loss
@@ -218,7 +218,7 @@ def test_settings_within_the_validation_sets_resolution_get_a_second_seed_then_t
     assert result.seeds == [0, 4] and result.within_noise
     assert set(result.contenders) == {(("optim.lr", 0.03),), (("optim.lr", 0.1),)}
     assert result.winner == (("optim.lr", 0.03),) and result.rule == "val_loss"
-    from engine.tables.render import _tuning_lines
+    from tables.render import _tuning_lines
 
     text = "\n".join(_tuning_lines(table, {"r": result}, []))
     assert "Chosen within noise" in text and "r (2 contenders on 2 seeds, decided by val_loss)" in text
@@ -235,7 +235,7 @@ def test_settings_within_the_validation_sets_resolution_get_a_second_seed_then_t
 def _write_tuning_run(out: Path, lr: float, seed: int, val_acc: float, val_loss: float,
                       first_loss: float = 2.30) -> None:
     """A tuning run of lr on seed whose first logged training loss is `first_loss`."""
-    from engine.tables.tuning import tune_dir
+    from tables.tuning import tune_dir
 
     run = tune_dir(out, "r", (("optim.lr", lr),), seed)
     _write_run(run, {"val_acc": val_acc, "val_loss": val_loss, "data_split": {"val_samples": 6000}})
@@ -247,9 +247,9 @@ def test_a_contender_a_grid_step_below_a_diverged_rate_is_set_aside(tmp_path: Pa
     """The MNIST-1D trial's allreduce on two tuning seeds: 0.1 and 0.3 within noise, 0.3 ahead on
     validation loss by 0.0002, 0.9 collapsed to the untrained loss on both. The margin chooses 0.1
     and table.md says why; without it (no stability keys) validation loss chooses 0.3."""
-    from engine.tables.config import load_table
-    from engine.tables.render import _tuning_lines
-    from engine.tables.tuning import TunePolicy, choose
+    from tables.config import load_table
+    from tables.render import _tuning_lines
+    from tables.tuning import TunePolicy, choose
 
     grid = {"optim.lr": [0.03, 0.1, 0.3, 0.9]}
     val = {0.03: ((0.9545, 0.1368), (0.9475, 0.1663)), 0.1: ((0.9817, 0.0573), (0.9790, 0.0709)),
@@ -265,7 +265,7 @@ def test_a_contender_a_grid_step_below_a_diverged_rate_is_set_aside(tmp_path: Pa
     plain = choose(tmp_path, "r", grid, [0, 100], "val_acc", TunePolicy(stability_keys=()))
     assert plain.winner == (("optim.lr", 0.3),) and plain.rule == "val_loss" and not plain.set_aside
     table = load_table(_table([{"label": "r", "tune": grid}], baseline="r", tune_seeds=[0, 100]))
-    from engine.drivers.table_runner import chosen
+    from tables.runner import chosen
 
     assert chosen(table, tmp_path)["r"].winner == (("optim.lr", 0.1),)  # the table's own policy
     off = load_table(_table([{"label": "r", "tune": grid}], baseline="r", tune_seeds=[0, 100],
@@ -275,7 +275,7 @@ def test_a_contender_a_grid_step_below_a_diverged_rate_is_set_aside(tmp_path: Pa
     assert "| r | optim.lr_0.3 | 0.9790 | 2/2 |  | 0.0638 | set aside |" in text
     assert "Set aside by the stability margin" in text and "r (optim.lr_0.3)" in text
     assert "r optim.lr_0.9 (seeds 0, 100)" in text
-    from engine.tables.render import gather
+    from tables.render import gather
 
     rec = next(r for r in gather(table, tmp_path / "none", {}, {"r": tuned}) if r["label"] == "r")
     assert (rec["tuned"], rec["tuned_rule"], rec["tuned_set_aside"]) == (
@@ -286,7 +286,7 @@ def test_the_margin_never_overrides_a_winner_validation_resolves(tmp_path: Path)
     """0.3 beats 0.1 by 300 of 6,000 validation signals on both seeds: resolved, so 0.9's
     divergence does not move the choice (the margin decides only among contenders); and a
     contender that diverged on one of its own seeds is set aside even when its mean is in noise."""
-    from engine.tables.tuning import choose
+    from tables.tuning import choose
 
     grid = {"optim.lr": [0.1, 0.3, 0.9]}
     for seed in (0, 1):
@@ -308,10 +308,10 @@ def test_a_loss_tuned_on_one_seed_has_contenders_within_its_stated_resolution(tm
     without a stated resolution 0.003 nats decide as surely as 0.3. With tune_resolution 0.0125
     the two rates 0.003 apart are contenders: the grid runs again on the tie seed, and table.md
     says what made them contenders."""
-    from engine.drivers.table_runner import chosen, tuning_jobs
-    from engine.tables.config import load_table
-    from engine.tables.render import _tuning_lines
-    from engine.tables.tuning import tune_dir
+    from tables.runner import chosen, tuning_jobs
+    from tables.config import load_table
+    from tables.render import _tuning_lines
+    from tables.tuning import tune_dir
 
     grid = {"optim.lr": [3e-4, 1e-3, 3e-3]}
     loss = {3e-4: 1.95, 1e-3: 1.903, 3e-3: 1.900}
@@ -337,7 +337,7 @@ def test_a_loss_tuned_on_one_seed_has_contenders_within_its_stated_resolution(tm
 
 
 def test_a_run_has_diverged_when_it_ends_no_better_than_it_began(tmp_path: Path) -> None:
-    from engine.tables.tuning import diverged, tune_dir
+    from tables.tuning import diverged, tune_dir
 
     def run(val_loss: float, first: Optional[float]) -> Any:
         r = tune_dir(tmp_path, f"d{val_loss}{first}", (("optim.lr", 0.1),), 0)
@@ -391,8 +391,8 @@ def test_a_dirty_tree_refuses_a_table_in_one_line(tmp_path: Path, monkeypatch: A
     """A run still to make on a tree with uncommitted changes: one line naming the override, and
     nothing started; with table.allow_dirty=true the table goes on and table.md says so."""
     from core.provenance import CodeVersion
-    from engine.drivers import table_runner as runner
-    from engine.tables import provenance
+    from tables import runner
+    from tables import provenance
 
     dirty = CodeVersion("b" * 40, True, ("engine/x.py", "recipes/new.yaml"))
     monkeypatch.setattr(provenance, "code_version", lambda ignore=(): dirty)
@@ -412,8 +412,8 @@ def test_a_dirty_tree_refuses_a_table_in_one_line(tmp_path: Path, monkeypatch: A
 
 def test_runs_made_at_other_commits_are_kept_and_flagged(tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
     from core.provenance import CodeVersion
-    from engine.drivers import table_runner as runner
-    from engine.tables import provenance
+    from tables import runner
+    from tables import provenance
 
     head = CodeVersion("c" * 40, False)
     monkeypatch.setattr(provenance, "code_version", lambda ignore=(): head)
@@ -435,8 +435,8 @@ def test_a_table_store_carries_finished_runs_to_a_fresh_run_folder(tmp_path: Pat
     its jobs.jsonl line; a fresh run folder starting from the store runs only what the store lacks,
     and gathers the same table as the first folder; the store is left out of the dirty-tree check."""
     from core.provenance import CodeVersion
-    from engine.drivers import table_runner as runner
-    from engine.tables import provenance
+    from tables import runner
+    from tables import provenance
 
     ignored: list[list[Path]] = []
     clean = CodeVersion("e" * 40, False)
@@ -501,9 +501,9 @@ def test_gather_only_shows_the_rows_made_so_far_and_runs_nothing(tmp_path: Path,
     with every seed are gathered and compared among themselves, the others are listed as started or
     not, and table.md says it is partial."""
     from core.provenance import CodeVersion
-    from engine.drivers import table_runner as runner
-    from engine.tables import provenance
-    from engine.tables.config import RowConfig, row_dir
+    from tables import runner
+    from tables import provenance
+    from tables.config import RowConfig, row_dir
 
     dirty = CodeVersion("f" * 40, True, ("engine/x.py",))
     monkeypatch.setattr(provenance, "code_version", lambda ignore=(): dirty)
@@ -535,9 +535,9 @@ def test_a_partial_gather_shows_every_finished_grid_and_leaves_the_store_as_it_w
     complete (its choice is final) though none of its reported runs is made yet, names the grids
     still running, and writes nothing into the store it reads."""
     from core.provenance import CodeVersion
-    from engine.drivers import table_runner as runner
-    from engine.tables import provenance
-    from engine.tables.tuning import tune_dir
+    from tables import runner
+    from tables import provenance
+    from tables.tuning import tune_dir
 
     clean = CodeVersion("e" * 40, False)
     monkeypatch.setattr(provenance, "code_version", lambda ignore=(): clean)
@@ -574,8 +574,8 @@ def test_a_run_folder_of_another_table_is_refused_before_anything_is_written(tmp
     table's jobs into this one's store), is refused in one line, with nothing written to it or the
     store; a folder of the table's own is claimed."""
     from core.provenance import CodeVersion
-    from engine.drivers import table_runner as runner
-    from engine.tables import provenance
+    from tables import runner
+    from tables import provenance
 
     clean = CodeVersion("e" * 40, False)
     monkeypatch.setattr(provenance, "code_version", lambda ignore=(): clean)
@@ -609,7 +609,7 @@ def test_the_production_section_counts_sittings_tries_and_runs_made_elsewhere(tm
     """table.md's Production section from a jobs.jsonl written as the table runner writes it: a
     second sitting after a pause longer than the gap, a failed run made by a later try, a line cut
     by a killed process, and runs gathered that the table's command did not make."""
-    from engine.tables.production import SITTING_GAP_S, production_lines, sittings, read_jobs
+    from tables.jobs import SITTING_GAP_S, production_lines, sittings, read_jobs
 
     t0 = float(calendar.timegm((2026, 11, 18, 9, 45, 0)))  # UTC
 
@@ -666,7 +666,7 @@ def test_runs_csv_reproduces_every_interval_of_table_csv(tmp_path: Path) -> None
     """Every cell interval and every difference interval of table.csv, recomputed from runs.csv
     alone with the stated formulas (a paired row, an unpaired parameter-server row, a row with no
     spread, two variants)."""
-    from engine.drivers.table_runner import run_table
+    from tables.runner import run_table
 
     accs = {"base": [0.9861, 0.9889, 0.9917], "ps": [0.9833, 0.9861, 0.9917], "flat": [0.9833] * 3,
             "wide": [0.95, 0.97, 0.99]}
@@ -704,7 +704,7 @@ def test_rows_that_do_not_share_a_partition_are_compared_unpaired_and_say_why(tm
     """A parameter-server row (7 training ranks of 8) and msgd (1 process) are compared with
     Welch's interval and one line each says why; msgd under a skewed variant is marked in one line
     as no skewed result and kept out of the skew interaction."""
-    from engine.drivers.table_runner import run_table
+    from tables.runner import run_table
 
     for v, part in (("iid", "iid"), ("skew", "dirichlet")):
         _reported(tmp_path, f"base@{v}", [0.98, 0.985, 0.99], partition=part)
@@ -728,7 +728,7 @@ def test_rows_that_do_not_share_a_partition_are_compared_unpaired_and_say_why(tm
 
 
 def test_a_one_process_row_can_be_kept_out_of_a_skewed_variant() -> None:
-    from engine.tables.config import load_table
+    from tables.config import load_table
 
     table = load_table(_table([{"label": "base"}, {"label": "msgd", "variants": ["iid"]}],
                               variants={"iid": ["x=1"], "skew": ["x=2"]}))
@@ -742,9 +742,9 @@ def test_the_skew_interaction_and_a_declared_comparison_match_a_hand_computation
     """Interaction of `local`: per seed (local@skew - local@iid) - (base@skew - base@iid), its mean
     and paired t interval with the floor of the two differences it is made of; a declared
     [combo, local] is one comparison per variant; the family holds all of them."""
-    from engine.tables.compare import build_family
-    from engine.tables.config import headline, load_table
-    from engine.tables.runs import read_runs
+    from tables.compare import build_family
+    from tables.config import headline, load_table
+    from tables.runs import read_runs
 
     acc = {"base@iid": [0.99, 0.985, 0.99], "base@skew": [0.98, 0.97, 0.985],
            "local@iid": [0.985, 0.98, 0.99], "local@skew": [0.80, 0.70, 0.90],
@@ -789,10 +789,10 @@ def test_a_lower_is_better_headline_selects_compares_and_colours_the_right_way(t
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from engine.tables.config import RowConfig, load_table, row_dir
-    from engine.tables.plots import _differences_figure
-    from engine.drivers.table_runner import chosen, run_table
-    from engine.tables.tuning import tune_dir
+    from tables.config import RowConfig, load_table, row_dir
+    from tables.plots import _differences_figure
+    from tables.runner import chosen, run_table
+    from tables.tuning import tune_dir
 
     grid = {"optim.lr": [1e-3, 3e-3, 1e-2]}
     for lr, loss in ((1e-3, 1.40), (3e-3, 1.20), (1e-2, 1.30)):
@@ -841,8 +841,8 @@ def test_the_intervals_figure_draws_differences_on_their_own_scale(tmp_path: Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from engine.tables.config import TableConfig
-    from engine.tables.plots import _differences_figure
+    from tables.config import TableConfig
+    from tables.plots import _differences_figure
 
     def rec(label: str, diff: float, half: float, resolved: bool, method: str = "paired") -> dict[str, Any]:
         return {"label": label, "baseline": "a@" + label.partition("@")[2], "diff": diff, "diff_low": diff - half / 2,
@@ -889,8 +889,8 @@ def test_the_pareto_figure_lists_every_row_legibly_however_many(tmp_path: Path) 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from engine.tables.config import TableConfig
-    from engine.tables.plots import _pareto_figure
+    from tables.config import TableConfig
+    from tables.plots import _pareto_figure
 
     # as in MNIST-1D's table: 27 methods on two partitions, the same bytes on both, 10 MB to 1.1 GB,
     # IID near the top, the skewed rows anywhere from 0.3 up
@@ -929,7 +929,7 @@ def test_the_margin_gives_up_the_best_only_for_a_setting_within_its_cost(tmp_pat
     seed 100: a cost of 0.01 lets the margin give 0.1 up for 0.03, the floor (about 4 signals) does
     not. lsgd@dir0.1: every rate diverged; the margin has nothing safer to offer, so the best mean
     (0.1, 0.205) stays, not the largest rate (2.7, at chance) that the margin alone kept."""
-    from engine.tables.tuning import TunePolicy, choose
+    from tables.tuning import TunePolicy, choose
 
     nan = float("nan")
     local = tmp_path / "local_sgd"
@@ -959,9 +959,9 @@ def test_the_margin_gives_up_the_best_only_for_a_setting_within_its_cost(tmp_pat
     assert tuned.winner == lr(0.03) and lr(0.1) in tuned.set_aside and tuned.rule == "stability margin", tuned
     tuned = choose(tern, "r", {"optim.lr": [0.009, 0.03, 0.1, 0.3]}, [0, 100], "val_acc")
     assert tuned.winner == lr(0.1) and lr(0.1) not in tuned.set_aside, tuned
-    from engine.drivers.table_runner import chosen
-    from engine.tables.config import load_table
-    from engine.tables.render import _tuning_lines
+    from tables.runner import chosen
+    from tables.config import load_table
+    from tables.render import _tuning_lines
 
     rows = [{"label": "r", "tune": {"optim.lr": [0.03, 0.1, 0.3]}}]  # 0.009: the table's own extension
     table = load_table(_table(rows, baseline="r", tune_seeds=[0, 100], tune_extend=1, tune_margin_cost=0.01))

@@ -19,7 +19,7 @@ T_975_DF3 = 3.182446305284263  # 3 degrees of freedom (3.182)
 
 
 def test_interval_of_three_seeds_is_the_hand_computed_t_interval() -> None:
-    from engine.tables.stats import half_width, t_quantile
+    from tables.stats import half_width, t_quantile
 
     assert t_quantile(2) == pytest.approx(T_975_DF2, abs=1e-9)
     values = [0.90, 0.92, 0.97]  # mean 0.93; deviations -0.03, -0.01, 0.04; s^2 = 0.0026 / 2
@@ -30,7 +30,7 @@ def test_interval_of_three_seeds_is_the_hand_computed_t_interval() -> None:
 
 
 def test_paired_difference_resolves_only_when_its_interval_excludes_zero() -> None:
-    from engine.tables.stats import difference
+    from tables.stats import difference
 
     base = {0: 0.90, 1: 0.92, 2: 0.97}
     # differences 0.05, 0.04, 0.02: mean 0.03667, s = 0.015275, half-width 4.3027 * s / sqrt(3) = 0.03795
@@ -62,9 +62,9 @@ def _table(out: Path, rows: list[dict[str, Any]], **extra: Any) -> Any:
 
 def test_tuning_picks_the_validation_winner_where_test_disagrees(tmp_path: Path, capsys: Any) -> None:
     """lr 0.1 is best on validation, lr 0.3 on test: the table runs and reports lr 0.1."""
-    from engine.tables.config import RowConfig, row_dir
-    from engine.drivers.table_runner import run_table
-    from engine.tables.tuning import grid_settings, tune_dir
+    from tables.config import RowConfig, row_dir
+    from tables.runner import run_table
+    from tables.tuning import grid_settings, tune_dir
 
     grid = {"optim.lr": [0.03, 0.1, 0.3]}
     val = {0.03: (0.80, 0.82), 0.1: (0.95, 0.93), 0.3: (0.90, 0.92)}  # means 0.81, 0.94, 0.91
@@ -105,7 +105,7 @@ def _csv(out: Path) -> list[dict[str, str]]:
 
 
 def test_a_setting_with_a_missing_run_cannot_win(tmp_path: Path) -> None:
-    from engine.tables.tuning import choose, grid_settings, tune_dir
+    from tables.tuning import choose, grid_settings, tune_dir
 
     grid = {"optim.lr": [0.1, 0.3]}
     first, second = grid_settings(grid)
@@ -121,9 +121,9 @@ def test_a_grid_is_extended_beyond_a_winning_edge_and_the_reported_runs_follow(t
     below), which wins again, then 0.0027, which loses: the choice is 0.009, interior now. A
     reported run made before with lr 0.03 is set aside (kept) for the chosen setting. A tie at
     an edge extends that edge too (issue 34: a tied edge used to extend nothing); the limit holds."""
-    from engine.tables.config import RowConfig, row_dir
-    from engine.drivers.table_runner import tuning_grid
-    from engine.tables.tuning import extend_grid, grid_settings, tune_dir
+    from tables.config import RowConfig, row_dir
+    from tables.runner import tuning_grid
+    from tables.tuning import extend_grid, grid_settings, tune_dir
 
     grid = {"optim.lr": [0.03, 0.1, 0.3]}
     val = {0.0027: 0.80, 0.009: 0.93, 0.03: 0.92, 0.1: 0.90, 0.3: 0.50}
@@ -152,8 +152,8 @@ def test_a_grid_is_extended_beyond_a_winning_edge_and_the_reported_runs_follow(t
         (done.root / ".hydra" / "overrides.yaml").write_text(f"- optim.lr=0.009\n- seed={seed}\n")
     table = _table(tmp_path, [{"label": "r", "tune": grid}], tune_seeds=[0], tune_extend=2, baseline="r",
                    columns=["test_acc"], ratios=[], dry_run=False)
-    from engine.tables.config import load_table
-    from engine.drivers.table_runner import chosen, set_aside_if_stale
+    from tables.config import load_table
+    from tables.runner import chosen, set_aside_if_stale
 
     loaded = load_table(table)
     assert tuning_grid(loaded, loaded.rows[0], tmp_path) == ({"optim.lr": [0.0027, 0.009, 0.03, 0.1, 0.3]}, 2)
@@ -168,9 +168,9 @@ def test_a_grid_is_extended_beyond_a_winning_edge_and_the_reported_runs_follow(t
 
 
 def test_a_choice_still_at_the_edge_is_flagged_in_the_table(tmp_path: Path) -> None:
-    from engine.tables.render import _tuning_lines
-    from engine.tables.config import load_table
-    from engine.tables.tuning import choose, grid_settings, tune_dir
+    from tables.render import _tuning_lines
+    from tables.config import load_table
+    from tables.tuning import choose, grid_settings, tune_dir
 
     grid = {"optim.lr": [0.03, 0.1, 0.3]}
     for setting, v in zip(grid_settings(grid), (0.95, 0.9, 0.5)):
@@ -185,14 +185,14 @@ def test_a_choice_still_at_the_edge_is_flagged_in_the_table(tmp_path: Path) -> N
 
 
 def test_selection_on_a_test_metric_is_refused() -> None:
-    from engine.tables.config import load_table
+    from tables.config import load_table
 
     with pytest.raises(UserError, match="select_metric=best_test_acc would choose on the test set"):
         load_table(OmegaConf.create({"name": "t", "select_metric": "best_test_acc", "rows": [{"label": "a"}]}))
 
 
 def test_variants_budget_and_quick_expand_the_rows() -> None:
-    from engine.tables.config import load_table
+    from tables.config import load_table
 
     node = {"name": "t", "baseline": "a", "seeds": [0, 1, 2], "tune": {"optim.lr": [0.1, 0.3]},
             "budget": {"train.budget_samples": 1000}, "variants": {"iid": ["data.partition=iid"], "skew": ["x=1"]},
@@ -214,7 +214,7 @@ def test_every_algorithm_rows_come_from_the_registry_and_each_cpu_recipe(tmp_pat
     """A new plugin with its recipe gets a row with no other edit; without one, the error names
     the file to create and what it must train."""
     import dist_algos
-    from engine.tables import config
+    from tables import config
 
     registered = dist_algos.list_algorithms()
     monkeypatch.setattr(dist_algos, "list_algorithms", lambda: [*registered, "toy_sgd"])
@@ -235,7 +235,7 @@ def test_every_algorithm_rows_come_from_the_registry_and_each_cpu_recipe(tmp_pat
 def test_an_unknown_plot_is_refused_before_any_run(tmp_path: Path) -> None:
     """A misspelt plot used to be skipped in silence, after hours of runs; it is now one line."""
     from core.errors import UserError
-    from engine.tables.config import load_table
+    from tables.config import load_table
 
     with pytest.raises(UserError, match=r"table.plots has 'paretto'; known: accuracy, intervals, pareto"):
         load_table(_table(tmp_path, [{"label": "base"}], plots=["accuracy", "paretto"]))

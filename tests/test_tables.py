@@ -117,7 +117,7 @@ def shipped_table(name: str, overrides: Sequence[str] = ()) -> Iterator[Any]:
     from hydra.core.global_hydra import GlobalHydra
 
     import cli  # registers the table schema
-    from engine.tables.config import load_table
+    from tables.config import load_table
     from tests.support.harness import CONF
 
     assert cli.register_schemas
@@ -135,8 +135,8 @@ def test_every_shipped_table_composes_row_by_row(name: str, tmp_path: Path) -> N
     overrides itself (`same_row_under_another_variant`): one row per further variant is composed, not
     every row again (45 s less of the 160 s of Hydra composition this test took, CI's 30 minutes)."""
     from dist_algos import list_algorithms
-    from engine.drivers.table_runner import compose_row, describe_run
-    from engine.tables.config import row_args, row_dir
+    from tables.runner import compose_row, describe_run
+    from tables.config import row_args, row_dir
 
     assert EVERY_METHOD <= set(TABLES), f"not shipped: {sorted(EVERY_METHOD - set(TABLES))}"
     algos = set()
@@ -184,8 +184,8 @@ def test_the_lm_control_row_trains_with_the_optimiser_of_the_rows_it_controls(tm
     algorithm's and the optimiser's only while the two rows share the optimiser: its section as
     composed, and the grid it is tuned over. A recipe that set its own lr or weight decay, or a row
     given another grid, would make the control compare two things at once again."""
-    from engine.drivers.table_runner import compose_row
-    from engine.tables.config import row_args, row_dir, row_grid
+    from tables.runner import compose_row
+    from tables.config import row_args, row_dir, row_grid
     from engine.train.optim import lr_factor_fn
 
     STEPS_PER_EPOCH = 100  # only epoch-based schedule fields read it; the same for both rows
@@ -220,9 +220,9 @@ def test_the_lm_control_row_trains_with_the_optimiser_of_the_rows_it_controls(tm
 def test_per_row_baselines_time_to_target_and_speedup_plot(tmp_path: Path) -> None:
     """Rows compared with their own baseline (the same bandwidth), wall-clock to a target accuracy
     from the evaluations, and the speed-up plot against the rows' x: from written results, no runs."""
-    from engine.tables.config import RowConfig, TableConfig, row_dir
-    from engine.tables.plots import draw_table_plots
-    from engine.tables.render import NOT_REACHED, gather, render_markdown
+    from tables.config import RowConfig, TableConfig, row_dir
+    from tables.plots import draw_table_plots
+    from tables.render import NOT_REACHED, gather, render_markdown
 
     rows = [RowConfig(label=f"{algo}_{bw:g}", baseline=f"slow_{bw:g}", x=bw, series=algo)
             for bw in (100.0, 1000.0) for algo in ("slow", "fast")]
@@ -257,8 +257,8 @@ def test_interval_figure_colours_what_is_resolved_and_clips_bars_to_what_accurac
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from engine.tables.config import TableConfig
-    from engine.tables.plots import _intervals_figure, clipped_error
+    from tables.config import TableConfig
+    from tables.plots import _intervals_figure, clipped_error
 
     assert clipped_error(0.98, 0.05) == pytest.approx((0.05, 0.02))
     assert clipped_error(0.03, 0.05) == pytest.approx((0.03, 0.05))
@@ -288,7 +288,7 @@ def assert_row_trains_the_task(table: Any, row: Any, rc: Any) -> None:
     """comm_cpu, head_to_head_cpu and their task forms compare every method: each registered
     plugin's row comes from its task's recipe, recipes/<folder>/<algo>.yaml (a missing one fails
     load_table with a line naming the file), and every row's recipe must train the table's task."""
-    from engine.tables.config import row_grid
+    from tables.config import row_grid
 
     want = table.row_constraints or {"model": "small_cnn", "data": "digits", "epochs": 30, "global_batch": 128,
                                      "nproc": 4}
@@ -309,7 +309,7 @@ def assert_row_trains_the_task(table: Any, row: Any, rc: Any) -> None:
 
 
 def test_pareto_front_keeps_the_rows_no_other_beats_on_both() -> None:
-    from engine.tables.plots import pareto_front
+    from tables.plots import pareto_front
 
     points = [(10.0, 0.99), (1.0, 0.95), (5.0, 0.99), (0.0, 0.90), (5.0, 0.97), (20.0, 0.995), (30.0, 0.99)]
     assert pareto_front(points) == [3, 1, 2, 5]  # by increasing cost; (10, 0.99) ties (5, 0.99) at more cost
@@ -347,7 +347,7 @@ def test_a_long_table_says_how_long_it_has_left(tmp_path: Path, monkeypatch: Any
     the phase and the time they should take (a table here runs for a day)."""
     from core.provenance import CodeVersion
     from core.rundir import RunDir
-    from engine.drivers import table_runner as runner
+    from tables import runner
 
     clean = CodeVersion("a" * 40, False, ())
     monkeypatch.setattr(runner, "code_version", lambda ignore=(): clean)
@@ -375,8 +375,8 @@ def test_time_left_estimates_each_run_from_the_made_runs_most_like_it(tmp_path: 
     is estimated from the same label, else the same row under another variant, else the same worker
     count, else every made run; a run paused and resumed counts its pieces together, a failed or
     stopped job is no estimate. (The plain mean of the made runs would say 5 x 625 s.)"""
-    from engine.tables.production import read_jobs
-    from engine.tables.time_left import estimate_seconds, made_runs, time_left_text
+    from tables.jobs import read_jobs
+    from tables.time_left import estimate_seconds, made_runs, time_left_text
 
     lines = [("a.w4@iid seed 0", "done", 100.0), ("a.w64@iid seed 0", "stopped", 300.0),
              ("a.w64@iid seed 0", "done", 600.0), ("a.w64@iid seed 1", "done", 1100.0),

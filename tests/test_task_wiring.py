@@ -151,7 +151,7 @@ def select_through_the_evaluator(rank: int, world: int, language_model: bool, be
     from core.rundir import RunDir
     from engine.train.checkpointer import CheckpointConfig, Checkpointer, selection_metric
     from engine.train.evaluation import Evaluator
-    from engine.train.state import TrainState
+    from engine.train.train_state import TrainState
 
     task = task_for(TextSpec(3, 1) if language_model else ImageSpec(1, 8, 3))
     cfg = CheckpointConfig(every_epochs=None, best_metric=best_metric)

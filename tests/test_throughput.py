@@ -12,7 +12,7 @@ import torch
 from core.spec import ImageSpec
 from engine.report.utilisation import peak_flops, utilisation
 from engine.train.clock import TrainClock
-from engine.train.state import TrainState
+from engine.train.train_state import TrainState
 from models.flops import train_flops_per_sample
 from tests.support.harness import run_ranks, train_in_rank
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from dist_algos.machinery.group_schedule import GroupSchedule, is_global_step
+from dist_algos.schedules.groups import GroupSchedule, is_global_step
 from core.errors import UserError
 from tests.support.harness import run_ranks
 from dist_algos.base import HyperParams

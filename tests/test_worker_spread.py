@@ -1,4 +1,4 @@
-"""`python -m engine.drivers.worker_spread`: each worker's score, their mean's and their consensus
+"""`python -m engine.worker_spread`: each worker's score, their mean's and their consensus
 distance from a run's checkpoint (engine/report/spread.py). The mean it scores must be the model
 the plugins' `average` evaluation scores, and its distances must be the hand-computed ones."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 from core.errors import UserError
-from engine.drivers.worker_spread import spread_of_run
+from engine.worker_spread import spread_of_run
 from engine.report.spread import distances_from, mean_state, measure_spread
 from tests.support.cli_runs import REPO, run_cli
 
@@ -77,7 +77,7 @@ def test_a_runs_mean_scores_as_its_average_evaluation(cli_env: dict, tmp_path: P
 
     # the command: the table printed, the record written, the run's own files untouched
     before = sorted(p.relative_to(run) for p in run.rglob("*"))
-    cmd = subprocess.run([sys.executable, "-m", "engine.drivers.worker_spread", f"run={run}"], capture_output=True,
+    cmd = subprocess.run([sys.executable, "-m", "engine.worker_spread", f"run={run}"], capture_output=True,
                          text=True, env=cli_env, cwd=REPO, timeout=300)
     assert cmd.returncode == 0, cmd.stderr[-3000:]
     assert "consensus distance" in cmd.stdout and "test_acc" in cmd.stdout
@@ -89,7 +89,7 @@ def test_a_runs_mean_scores_as_its_average_evaluation(cli_env: dict, tmp_path: P
 
 
 def test_a_folder_that_is_no_run_is_refused_in_one_line(cli_env: dict, tmp_path: Path) -> None:
-    cmd = subprocess.run([sys.executable, "-m", "engine.drivers.worker_spread", f"run={tmp_path}"],
+    cmd = subprocess.run([sys.executable, "-m", "engine.worker_spread", f"run={tmp_path}"],
                          capture_output=True, text=True, env=cli_env, cwd=REPO, timeout=300)
     assert cmd.returncode == 2
     assert cmd.stderr.strip() == (f"worker_spread: error: run={tmp_path} has no config.yaml: "

@@ -56,7 +56,7 @@ def test_a_parameter_servers_rate_follows_the_batch_of_a_push_and_an_averages_th
     table's own row arguments, as cli.py would."""
     from core.rundir import RunDir
     from engine.plan import build_plan
-    from engine.tables.config import row_args
+    from tables.config import row_args
     from tests.support.harness import compose
 
     table = load("workers_cpu")
@@ -84,7 +84,7 @@ def test_a_parameter_servers_rate_follows_the_batch_of_a_push_and_an_averages_th
     ("{counts: [4, 8], global_batch: 64}", ["workers.global_batch=64", "global_constant only"]),
 ])
 def test_bad_workers_settings_are_one_line(workers: str, words: list[str]) -> None:
-    from engine.tables.config import RowConfig, TableConfig, WorkersAxis, expand_rows
+    from tables.config import RowConfig, TableConfig, WorkersAxis, expand_rows
     from omegaconf import OmegaConf
 
     from core.schema import typed_section
@@ -98,9 +98,9 @@ def test_bad_workers_settings_are_one_line(workers: str, words: list[str]) -> No
 def test_batch_rule_in_table_md_and_the_figure_against_workers(tmp_path: Path) -> None:
     """From written results: table.md states the batch rule; the figure's series are the methods,
     their points the counts with the mean and interval over seeds, one panel row per variant."""
-    from engine.tables.config import RowConfig, TableConfig, WorkersAxis, expand_rows, row_dir
-    from engine.tables.plots import draw_table_plots, workers_series
-    from engine.tables.render import gather, render_markdown
+    from tables.config import RowConfig, TableConfig, WorkersAxis, expand_rows, row_dir
+    from tables.plots import draw_table_plots, workers_series
+    from tables.render import gather, render_markdown
 
     table = expand_rows(TableConfig(name="t", baseline="a", seeds=[0, 1], plots=["workers"],
                                     rows=[RowConfig(label="a"), RowConfig(label="b")],
@@ -134,7 +134,7 @@ def test_twelve_rows_each_get_their_own_look_in_the_figures() -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from engine.tables.plots import row_styles
+    from tables.plots import row_styles
 
     names = [f"m{i}" for i in range(45)]
     styles = row_styles(plt, names)

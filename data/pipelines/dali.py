@@ -42,7 +42,7 @@ from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
 from data.config import DataConfig
-from data.prepared import check_prepared, needs_preparation, prepared_dir
+from data.prepared_files import check_prepared, needs_preparation, prepared_dir
 from data.sampler import ShardPlan, eval_slice, sample_seeds
 from data.sets import DATASETS
 from data.sets.base import KeyedDraws

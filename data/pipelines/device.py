@@ -1,5 +1,5 @@
 """The device pipeline: an in-memory data set (digits, MNIST-1D, CIFAR) copied to the training device
-once, batches gathered and augmented there (`data.pipelines.device_ops`); a text (a `TextCorpus`)
+once, batches gathered and augmented there (`data.device_augment`); a text (a `TextCorpus`)
 copied there once and cut into windows there (`data.text.windows`).
 
 Why: reading CIFAR through a DataLoader costs a PIL crop and flip per sample in worker
@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from data.config import DataConfig
-from data.forms.base import Samples
-from data.pipelines.device_ops import DeviceAugment
+from data.samples.base import Samples
+from data.device_augment import DeviceAugment
 from data.sampler import ShardPlan, eval_slice, sample_seeds
 from data.sets import DATASETS
 from data.split import TrainSplit

@@ -10,7 +10,7 @@ pads shards with repeated samples.
 What is read and how it is decoded and augmented is the data set's (`DataSet.ffcv_image_ops`);
 this module adds the tensor conversion, the copy to the device and the order.
 
-Resume: augmentation draws come from `data.pipelines.ffcv_ops` (keyed by seed, epoch and sample index),
+Resume: augmentation draws come from `data.ffcv_augment` (keyed by seed, epoch and sample index),
 so `batches(epoch, start)` hands FFCV the epoch's order from batch `start` on; the skipped
 batches are never read, and the rest equal what the uninterrupted run read.
 """
@@ -30,8 +30,8 @@ from ffcv.pipeline.compiler import Compiler
 from ffcv.transforms import ToDevice, ToTensor
 
 from data.config import DataConfig
-from data.pipelines.ffcv_ops import EpochKey
-from data.prepared import check_prepared, prepared_dir
+from data.ffcv_augment import EpochKey
+from data.prepared_files import check_prepared, prepared_dir
 from data.sampler import ShardPlan, epoch_seed, eval_slice
 from data.sets import DATASETS
 from data.sets.base import Finish

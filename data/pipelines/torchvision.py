@@ -20,8 +20,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from data.config import DataConfig
-from data.forms.base import Samples
-from data.forms.tensors import TensorSamples
+from data.samples.base import Samples
+from data.samples.tensors import TensorSamples
 from data.sampler import ShardPlan, epoch_seed, eval_slice, sample_seed
 from data.sets import DATASETS
 from data.split import TrainSplit

@@ -4,7 +4,7 @@ A data set's file (data/sets/NAME.py) defines a subclass and registers an instan
 (`register_dataset`). The object holds the facts a model and the launch checks need without
 reading anything (channels, resolution, classes, training-set size), its `data=NAME` config
 defaults, the check that it is on disk (never a download), its splits in one of the shared forms
-(`data.forms`, from which `data.prepare` writes FFCV's and DALI's files), and how each pipeline
+(`data.samples`, from which `data.prepare` writes FFCV's and DALI's files), and how each pipeline
 turns a sample into the model's input: torchvision transforms, FFCV decoders and operations, a
 DALI graph. The pipelines hold no code for any particular data set.
 """
@@ -21,8 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 from core.errors import UserError
 from core.spec import DataSpec, ImageSpec
 from data.config import DataConfig, Partition, Pipeline
-from data.forms.base import Samples
-from data.pipelines.device_ops import DeviceAugment
+from data.samples.base import Samples
+from data.device_augment import DeviceAugment
 
 #: `data.*` options that only some sets read (`DataSet.reads`)
 SET_OPTIONS = ("num_samples", "generator_seed", "context_length", "split_blocks", "source_unit", "eval_windows")
@@ -53,7 +53,7 @@ class DataSet(ABC):
     in_channels: int
     image_size: int  # default training resolution (`data.image_size` overrides it)
     num_classes: int  # `data.num_classes` overrides it (a subset of the classes)
-    form: ClassVar[type[Any]]  # a `data.forms` Samples class, or `data.text.corpus.TextCorpus`
+    form: ClassVar[type[Any]]  # a `data.samples` Samples class, or `data.text.corpus.TextCorpus`
     #: per-channel mean and std of pixels in [0, 1]; None: the samples are stored normalised
     mean: Optional[tuple[float, ...]] = None
     std: Optional[tuple[float, ...]] = None
@@ -145,7 +145,7 @@ class DataSet(ABC):
 
     def ffcv_image_ops(self, cfg: DataConfig, train: bool, epoch_key: Any) -> tuple[list[Any], Finish]:
         """(FFCV decoder and operations up to uint8 HWC images, the step from the loader's tensor
-        to the model's input). Random operations draw from `epoch_key` (`data.pipelines.ffcv_ops`)
+        to the model's input). Random operations draw from `epoch_key` (`data.ffcv_augment`)
         so that a resumed run repeats them."""
         raise NotImplementedError(f"{self.name} declares no FFCV operations")
 

@@ -2,7 +2,7 @@
 
 Read directly rather than through `torchvision.datasets.CIFAR10`, which insists on the official
 files' MD5 sums, so the test-generated small sets in the same format load too; the batches are
-unpickled by `data.forms.safe_pickle`, which refuses anything but the dicts, lists and numpy
+unpickled by `data.samples.safe_pickle`, which refuses anything but the dicts, lists and numpy
 arrays the format holds, so a tampered file cannot run code. Training augmentation is the
 standard one (He et al. 2016): a 4-pixel zero-padded random crop and a horizontal flip.
 """
@@ -17,9 +17,9 @@ import torch
 
 from core.errors import UserError
 from data.config import DataConfig
-from data.forms.arrays import ArraySamples
-from data.forms.safe_pickle import load_restricted
-from data.pipelines.device_ops import DeviceAugment, crop_offsets
+from data.samples.arrays import ArraySamples
+from data.samples.safe_pickle import load_restricted
+from data.device_augment import DeviceAugment, crop_offsets
 from data.sets import register_dataset
 from data.sets.base import NO_DRAWS, DataSet, Finish, KeyedDraws, Transform
 
@@ -101,7 +101,7 @@ class Cifar(DataSet):
     def ffcv_image_ops(self, cfg: DataConfig, train: bool, epoch_key: Any) -> tuple[list[Any], Finish]:
         from ffcv.fields.rgb_image import SimpleRGBImageDecoder
 
-        from data.pipelines.ffcv_ops import Normalise, SeededFlip, SeededPaddedCrop
+        from data.ffcv_augment import Normalise, SeededFlip, SeededPaddedCrop
 
         ops: list[Any] = [SimpleRGBImageDecoder()]
         if train and cfg.augment:

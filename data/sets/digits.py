@@ -19,8 +19,8 @@ import torch
 from core.errors import UserError
 
 from data.config import DataConfig
-from data.forms.tensors import TensorSamples
-from data.pipelines.device_ops import DeviceAugment
+from data.samples.tensors import TensorSamples
+from data.device_augment import DeviceAugment
 from data.sets import register_dataset
 from data.sets.base import NO_DRAWS, DataSet, Finish, KeyedDraws
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from data.config import DataConfig
-from data.forms.imagefolder import ImageFolderSamples, imagefolder_split
+from data.samples.imagefolder import ImageFolderSamples, imagefolder_split
 from data.sets import register_dataset
 from data.sets.base import NO_DRAWS, DataSet, Finish, KeyedDraws, Transform
 
@@ -53,7 +53,7 @@ class ImageNet(DataSet):
     def ffcv_image_ops(self, cfg: DataConfig, train: bool, epoch_key: Any) -> tuple[list[Any], Finish]:
         from ffcv.fields.rgb_image import CenterCropRGBImageDecoder
 
-        from data.pipelines.ffcv_ops import Normalise, SeededFlip, SeededRandomResizedCropDecoder
+        from data.ffcv_augment import Normalise, SeededFlip, SeededRandomResizedCropDecoder
 
         size, resize = self.sizes(cfg)
         if train and cfg.augment:

@@ -1,5 +1,5 @@
 """mnist1d: MNIST-1D (Greydanus & Kobak 2024), 1-D signals of 40 points in ten classes, generated
-in memory from its published procedure (`data.mnist1d`), never downloaded.
+in memory from its published procedure (`data.mnist1d_generator`), never downloaded.
 
 The paper's set is `data.num_samples=5000` with seed 42 (`data.generator_seed`), the first 80 %
 training and the rest test (`data.test_fraction=0.2`: 4,000 / 1,000). Larger sets are the same
@@ -23,9 +23,9 @@ import torch
 from core.errors import UserError
 from core.spec import DataSpec, SignalSpec
 from data.config import DataConfig, Pipeline
-from data.forms.tensors import TensorSamples
-from data.mnist1d import NUM_CLASSES, Procedure, generate
-from data.pipelines.device_ops import DeviceAugment
+from data.samples.tensors import TensorSamples
+from data.mnist1d_generator import NUM_CLASSES, Procedure, generate
+from data.device_augment import DeviceAugment
 from data.sets import register_dataset
 from data.sets.base import DataSet
 

@@ -5,7 +5,7 @@ A window of context T at position s is the T + 1 tokens s .. s + T: the input is
 target the last T (position t predicts token t + 1). Training windows are drawn uniformly from a
 rank's pool (`Pool`: intervals of a token tensor, a window lying wholly inside one interval), one
 draw per (seed, epoch, rank, position in the epoch) through the counter-based generator of the
-device pipeline (`data.sampler.sample_seeds`, `data.pipelines.device_ops.draw`). So a batch is a
+device pipeline (`data.sampler.sample_seeds`, `data.device_augment.draw`). So a batch is a
 pure function of where it is: `batches(epoch, start)` resumes at the exact batch with no state,
 ranks read different windows (their positions differ), and nothing touches torch's generator.
 
@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from data.pipelines.device_ops import draw
+from data.device_augment import draw
 from data.sampler import eval_slice, sample_seeds
 
 Batch = tuple[torch.Tensor, torch.Tensor]

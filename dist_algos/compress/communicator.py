@@ -18,7 +18,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from dist_algos.machinery.comm import allgather_bytes, allreduce_bytes
+from dist_algos.comm.accounting import allgather_bytes, allreduce_bytes
 from dist_algos.compress.contract import Combine, Compressor, EncodeContext, Payload
 from dist_algos.compress.memory import Memory
 

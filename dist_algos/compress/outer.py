@@ -30,10 +30,10 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from core.errors import UserError
-from dist_algos.machinery.comm import allreduce_bytes
+from dist_algos.comm.accounting import allreduce_bytes
 from dist_algos.compress import build_chain, check_chain
 from dist_algos.compress.communicator import Communicator
-from dist_algos.machinery.flat import FlatBuffer, average_
+from dist_algos.comm.flat import FlatBuffer, average_
 
 Span = tuple[int, int, int]
 

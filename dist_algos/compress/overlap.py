@@ -1,5 +1,5 @@
 """Compressed exchanges overlapped with backward, bucket by bucket (`algo=compressed
-algo.overlap=true`): DDP's bucket order and sizes (`dist_algos.machinery.grad_buckets`), but a full bucket
+algo.overlap=true`): DDP's bucket order and sizes (`dist_algos.comm.grad_buckets`), but a full bucket
 is handed to a communication thread that compresses it (its own chain state and error-feedback
 memory per bucket), runs its collectives and writes the combined result back into the bucket,
 while backward goes on producing the earlier layers' gradients. One thread, buckets submitted in
@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 
 from dist_algos.compress.communicator import Communicator
-from dist_algos.machinery.grad_buckets import Bucket, OverlappedAverage
+from dist_algos.comm.grad_buckets import Bucket, OverlappedAverage
 
 
 class OverlappedExchange(OverlappedAverage):

@@ -45,7 +45,7 @@ import torch.nn as nn
 
 from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, RankLayout, Role, Scenario, StepContext, TrainInfo
 from dist_algos.compress.sparse_feedback import clip_by_norm_
-from dist_algos.machinery.flat import FlatBuffer, flat_grads
+from dist_algos.comm.flat import FlatBuffer, flat_grads
 from dist_algos.param_server import wire
 from dist_algos.param_server.layout import Shard, partition
 from dist_algos.param_server.server import Server, ServerState

@@ -32,7 +32,7 @@ from typing import Any, Optional
 
 import torch
 
-from dist_algos.machinery.comm import CommStats
+from dist_algos.comm.accounting import CommStats
 from dist_algos.compress.topk import topk_per_layer
 from dist_algos.param_server import wire
 from dist_algos.param_server.layout import Shard

@@ -11,7 +11,7 @@ point-to-point calls on a group that holds just the two ends (a server and a wor
 
 Both ends know the shard's layout, so `count` alone fixes every shape. The header travels on a
 gloo group (CPU) and the payload on the data group (the run's backend, tensors on the run's
-device; through a host copy where a shared GPU makes that backend gloo, `dist_algos.machinery.p2p`): with NCCL the receiver then posts the payload receives only once the header says they are
+device; through a host copy where a shared GPU makes that backend gloo, `dist_algos.comm.p2p`): with NCCL the receiver then posts the payload receives only once the header says they are
 on their way, so no NCCL operation ever waits for a slow peer (NCCL's watchdog would abort it),
 while the gloo header receive may wait as long as a server idles between pushes. On a CPU run
 both are the same gloo group.
@@ -29,7 +29,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from dist_algos.machinery import p2p
+from dist_algos.comm import p2p
 
 HEADER_LEN = 8
 HEADER_BYTES = HEADER_LEN * 8

@@ -1,11 +1,14 @@
-"""Fault-tolerant mode (`ft.enabled=true`) on torchft: every rank is a replica group of one.
+"""Fault-tolerant mode (`ft.enabled=true`) on torchft, in one home: every rank is a replica group
+of one.
 
-Only the `ft` section and what it refuses before launch live here (`config`: `FTConfig`,
-`check_ft`, `quorum_size`, `Replica`), on the floor of the parts that engine/config.py and
-engine/plan.py read. What runs inside a replica is in engine/rank/ (`ft_rounds`: the Manager
-behind `dist_algos.machinery.ft_round.RoundAverager`, healing, the per-round record;
-`ft_transport`: the tensors-only healing transport); what runs in the launching process is in engine/drivers/
-(`ft_supervisor`, `ft_nodes`, `ft_over_ssh`, `lighthouse`). torchft is imported only by the two
-rank modules, which the trainer imports inside a function when the mode is on.
-docs/fault_tolerance.md has the design.
+- `config`: the `ft` section and what it refuses before launch (`FTConfig`, `check_ft`,
+  `quorum_size`, `Replica`), on the floor of the parts that engine/config.py and engine/plan.py read;
+- `rank/`: what runs inside a replica (torchft's Manager behind the plugins' `RoundAverager`,
+  healing, the tensors-only transport);
+- `launch/`: what runs in the launching process (the supervisor, its nodes, its launch over ssh,
+  the lighthouse).
+
+The plugin's side, a round that may fail, is `dist_algos.comm.round_averager` (a plugin cannot
+import the engine). torchft is imported only by the rank side, inside a function when the mode is
+on. docs/fault_tolerance.md has the design.
 """

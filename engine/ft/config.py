@@ -18,7 +18,7 @@ class FTConfig(Section):
     # replacement alone (or any minority) can never form a quorum of its own beside the survivors'
     min_replicas: Optional[int] = option(None, ge=1)
     max_restarts: int = option(3, ge=0)  # restarts of each replica by the supervisor before it gives up
-    # None: derived per round (engine/rank/ft_rounds.py round_quorum_timeout): an hour, or 4x the wall-clock of
+    # None: derived per round (engine/ft/rank/rounds.py round_quorum_timeout): an hour, or 4x the wall-clock of
     # the period before the round if longer, so QSR's growing periods are always covered; a dead peer leaves
     # by the heartbeat timeout, so this bounds only a quorum that cannot form. A value is used as given
     # (a warning when a period outlasts it)
@@ -94,7 +94,7 @@ def check_quorum_settings(ft: FTConfig, replicas: int) -> None:
                         "lower ft.join_timeout_s")
 
 
-#: what the supervisor tells each replica process (engine/drivers/ft_supervisor.py)
+#: what the supervisor tells each replica process (engine/ft/launch/supervisor.py)
 REPLICA_ENV = "SYNCOPT_FT_REPLICA"  # "INDEX/COUNT"
 LIGHTHOUSE_ENV = "SYNCOPT_FT_LIGHTHOUSE"  # host:port
 

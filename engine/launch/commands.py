@@ -11,7 +11,7 @@ fault-tolerant supervisor, its launch over ssh, the lighthouse) build and start.
 - a forked rank's place (`forked_rank_env`): what DeepSpeed's per-node launcher puts in the
   environment of rank r on one machine, which `launch.launcher=fork` sets in the forked process.
 
-Nothing here starts a process or watches one; that is engine/drivers/launcher.py's loop.
+Nothing here starts a process or watches one; that is engine/launch/loop.py's loop.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 One machine: `launch.nproc` ranks through DeepSpeed's launcher (or torchrun), or forked from
 cli.py itself (`launch.launcher=fork`: the same ranks without an interpreter, a Hydra
-composition and the imports per rank; engine/drivers/fork_ranks.py). Several machines:
+composition and the imports per rank; engine/launch/fork.py). Several machines:
 `launch.hostfile` (DeepSpeed's format, see hostfile.example) through DeepSpeed's multi-node
 runner, over pdsh and ssh by default, or with `launch.no_ssh=true` by running the same command on
 every node with its `launch.node_rank` (what slurm/syncopt.sbatch does). docs/multinode.md has
@@ -58,7 +58,7 @@ class LaunchConfig(Section):
     omp_threads: Optional[int] = option(None, ge=1)  # null: the shell's OMP_NUM_THREADS, else cores / ranks
     log_level: LogLevel = LogLevel.warning  # DeepSpeed launcher's own logging (info shows every spawn)
     # re-launch the whole job from its last complete checkpoint after a failure, up to N times
-    # (engine/drivers/restart.py); 0: a failure ends the job
+    # (engine/launch/restart.py); 0: a failure ends the job
     max_restarts: int = option(0, ge=0)
     # ---- several machines (docs/multinode.md) ----
     hostfile: Optional[str] = None  # DeepSpeed hostfile: one `HOST slots=N` line per machine

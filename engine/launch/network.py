@@ -5,7 +5,7 @@ wall-clock. `launch.network` builds the regime the papers are about: `nodes` nam
 split evenly over them, sharing their node's namespace so that traffic inside a node stays on its
 loopback, as on a real node), joined by a switch, each node's link limited to `bandwidth_mbit`
 (and, where the kernel has netem, delayed by `latency_ms` with `jitter_ms` and dropping `loss_pct`).
-This module's one job is to build that and remove it; `engine.drivers.launcher` starts DeepSpeed's
+This module's one job is to build that and remove it; `engine.launch.loop` starts DeepSpeed's
 per-node launcher in every node's namespace, as a no-ssh multi-node job starts it on real nodes.
 
 Layout, all of it in namespaces of its own (nothing is added to the root namespace, so no address,

@@ -1,6 +1,6 @@
 """The launch of an emulated cluster's nodes: DeepSpeed's per-node launcher on every node, as one process.
 
-`engine.drivers.launcher.run_launcher` supervises one child process (its process group receives
+`engine.launch.loop.run_launcher` supervises one child process (its process group receives
 the second stop signal, its exit code is the job's). With `launch.network` the job is one
 DeepSpeed launch per node, each inside its node's namespace; this module is that one child:
 

@@ -1,4 +1,5 @@
 """What runs inside one launched rank: its entry (`entry`: set-up, train, the one-line error and
-the exit), the trainer (`trainer`), and, in fault-tolerant mode, the rounds through torchft's
-Manager (`ft_rounds`) and the tensors-only healing transport (`ft_transport`). Nothing here is
-imported by the launching process's drivers (engine/drivers/), nor the other way round."""
+the exit), the trainer (`trainer`), this rank's data (`rank_data`), the run's facts for its report
+(`run_facts`) and where training starts (`restore`). Fault-tolerant mode's rank side is in
+engine/ft/rank/. Nothing here imports the launching side (engine/launch/'s loop, engine/ft/launch/),
+nor the other way round."""

@@ -1,7 +1,7 @@
 """Where a rank's training starts: the checkpoint the ranks agree on, or a new run's first model.
 
 A resume loads this rank's own file of the newest checkpoint complete for every rank
-(`agree_on_checkpoint`); its parts load in two phases (engine/train/stateful.py): those the
+(`agree_on_checkpoint`); its parts load in two phases (engine/train/rank_state.py): those the
 plugin's set-up reads now, the rest after set-up (the trainer's `run`). A new run starts from
 `init_from`'s model (rank 0's file, nothing else) when one is given, and then from rank 0's
 parameters on every rank, whatever the initialisation did.
@@ -20,7 +20,7 @@ from engine.checkpoint.collective import agree_on_checkpoint
 from engine.checkpoint.files import Manifest, load_rank_file
 from engine.plan import RunPlan
 from engine.train.compute import plain_state_dict
-from engine.train.stateful import RankState
+from engine.train.rank_state import RankState
 
 log = logging.getLogger("syncopt")
 

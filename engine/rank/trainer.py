@@ -8,7 +8,7 @@ communicates and applies the update as its algorithm says. At fixed points it ha
 components, which read the shared `TrainState`: after a step the report, the evaluator, the
 checkpointer and the stop agreement; at the end the plugin's finalize, the final evaluation and
 checkpoint, and the summary. Every rank (servers included) passes the same points at the same
-steps. What decides the rank's future is declared once (`self.saved`, engine/train/stateful.py),
+steps. What decides the rank's future is declared once (`self.saved`, engine/train/rank_state.py),
 for the checkpoint, resume and fault-tolerant healing alike. See `dist_algos.base` for the
 plugin contract and `engine.plan` for what is decided before.
 """
@@ -25,7 +25,7 @@ from data import build_streams
 from dist_algos.base import Role, StepContext, TrainInfo
 from engine.ft.config import Replica
 from engine.plan import RunPlan
-from engine.rank.facts import run_facts
+from engine.rank.run_facts import run_facts
 from engine.rank.rank_data import agree_steps_per_epoch, data_request, reestimation_batches
 from engine.rank.restore import restore_or_start
 from engine.report.run_report import RunReport
@@ -38,8 +38,8 @@ from engine.train.faults import FaultInjector, fault_summary
 from engine.train.imbalance import ImbalanceInjector
 from engine.train.optim import Schedule, build_optimizer
 from engine.train.rng import seed_everything
-from engine.train.state import TrainState
-from engine.train.stateful import ModelState, Part, RankState, RngState
+from engine.train.train_state import TrainState
+from engine.train.rank_state import ModelState, Part, RankState, RngState
 from engine.train.step import LocalStep
 from engine.train.stop import Budget, StopAgreement
 from models import build_model
@@ -51,7 +51,7 @@ class Trainer:
     def __init__(self, plan: RunPlan, ctx: DistContext, replica: Optional[Replica] = None) -> None:
         self.plan, self.ctx, cfg = plan, ctx, plan.config
         self.replica = replica  # fault-tolerant mode: this process is one replica (a world of one)
-        self.ft_rounds: Any = None  # engine.rank.ft_rounds.ManagerRounds in fault-tolerant mode
+        self.ft_rounds: Any = None  # engine.ft.rank.rounds.ManagerRounds in fault-tolerant mode
         self._healed = False  # a heal replaced the trainer state: the batch stream must follow it
         plan.run_dir.root.mkdir(parents=True, exist_ok=True)
         self.algo = plan.algo(cfg.algo, ctx)
@@ -78,7 +78,7 @@ class Trainer:
         self.faults = FaultInjector(cfg.faults, replica.index if replica else ctx.rank,
                                     replica.count if replica else ctx.world_size, plan.run_dir)
         self.state = TrainState()
-        # what decides this rank's future, in load order (engine/train/stateful.py): the checkpoint,
+        # what decides this rank's future, in load order (engine/train/rank_state.py): the checkpoint,
         # resume and healing read this one declaration
         self.saved = RankState({"model": Part(ModelState(self.model), before_setup=True),
                                 "optimizer": Part(self.optimizer, before_setup=True),
@@ -134,7 +134,7 @@ class Trainer:
                               **fault_summary(self.faults.log.events(), self.plan.num_train_ranks)})
         stop = self.stop = StopAgreement(cfg.train.stop_after, cfg.train.preempt_check_every, self.total_steps,
                                          Budget.of(cfg.train), self.plan.batch.per_rank * self.plan.num_train_ranks)
-        if self.ft_rounds is not None:  # replicas agree on a stop in their rounds (engine/rank/ft_rounds.py)
+        if self.ft_rounds is not None:  # replicas agree on a stop in their rounds (engine/ft/rank/rounds.py)
             rounds = self.ft_rounds
             rounds.stop_pending = lambda: stop.signal.received is not None
             stop.agreement = lambda: rounds.stop_note
@@ -196,7 +196,7 @@ class Trainer:
 
     def _attach_ft(self, replica: Replica) -> None:
         """Fault-tolerant mode: the plugin averages through torchft's Manager (engine.ft)."""
-        from engine.rank.ft_rounds import ManagerRounds  # torchft only in this mode
+        from engine.ft.rank.rounds import ManagerRounds  # torchft only in this mode
 
         cfg = self.plan.config
         self.ft_rounds = ManagerRounds(cfg.ft, replica.index, replica.count, replica.host, replica.store_port,

@@ -16,7 +16,7 @@ The mean is taken over parameters and floating-point buffers alike; BatchNorm's 
 statistics are averaged as they are, not re-estimated, so on a model with BatchNorm the mean's
 score here is not the plugins' `average` evaluation (which re-estimates them) and says so
 (`Spread.bn_averaged`). Integer buffers (BN's batch counter) are the first training rank's.
-`engine/drivers/worker_spread.py` is the command (`python -m engine.drivers.worker_spread`).
+`engine/worker_spread.py` is the command (`python -m engine.worker_spread`).
 """
 from __future__ import annotations
 

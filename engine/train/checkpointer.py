@@ -19,7 +19,7 @@ from core.schema import Section, option
 from core.task import Task
 from engine.checkpoint import files
 from engine.checkpoint.collective import save_checkpoint
-from engine.train.state import TrainState
+from engine.train.train_state import TrainState
 
 
 @dataclass

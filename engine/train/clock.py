@@ -27,7 +27,7 @@ from typing import Optional
 
 import torch
 
-from engine.train.state import TrainState
+from engine.train.train_state import TrainState
 
 
 class TrainClock:

@@ -8,7 +8,7 @@ notices), and torch.compile's wrapper is used only for the training forward (`tr
 no plugin ever meets the wrapper and no state dict carries its `_orig_mod.` prefix. A run saved
 with either setting resumes with the other: the values are the same, only their strides differ.
 
-A plugin that flattens parameters into one buffer (`dist_algos.machinery.flat`) lays them out there in the
+A plugin that flattens parameters into one buffer (`dist_algos.comm.flat`) lays them out there in the
 standard (contiguous) order whatever the model's layout, so that its flat state (residuals,
 momenta) means the same in a checkpoint whichever layout resumes it; cuDNN (and oneDNN on the
 CPU) still runs NHWC kernels, chosen from the channels_last input, at the price of re-laying those

@@ -4,7 +4,7 @@ The methods syncopt reproduces are compared on what failures cost them, so a fai
 real one: a kill is SIGKILL of the rank's own process (nothing is flushed, nothing is said), a
 stall is SIGSTOP of it, with a detached `sleep; kill -CONT` that thaws it after the stated
 seconds, so its heartbeat thread goes silent too and the launching process sees it exactly as it
-sees a frozen rank today (engine/drivers/rank_watch.py).
+sees a frozen rank today (engine/launch/rank_watch.py).
 
 - `faults.kill=[RANK@STEP, ...]`: RANK dies once it has finished STEP;
 - `faults.stall=[RANK@STEP:SECONDS, ...]`: RANK freezes for SECONDS once it has finished STEP;
@@ -12,7 +12,7 @@ sees a frozen rank today (engine/drivers/rank_watch.py).
   gap from a generator seeded with `faults.seed` (after a restart, the next gap of the same
   sequence: failures are memoryless, so each attempt waits a fresh exponential gap);
 - `faults.restart_delay_s`: how long the launching process waits before a restart (a node's
-  reboot or a scheduler's requeue), read by engine/drivers/restart.py.
+  reboot or a scheduler's requeue), read by engine/launch/restart.py.
 
 A fault fires once per run, not again when a restart replays its step: before it fires, the rank
 appends an event to the run's fault log (`logs/faults.jsonl`, `FaultLog` in core/run_files.py),

@@ -2,7 +2,7 @@
 
 A rank that stops responding (SIGSTOP, swapped out, a hung driver) blocks its peers inside a
 collective until `dist.timeout_s`, after which every survivor fails with a timeout that names
-nobody. The launching process reads these files (engine/drivers/rank_watch.py; their format is
+nobody. The launching process reads these files (engine/launch/rank_watch.py; their format is
 core/run_files.py's): a rank whose file stops changing while its process is still there is the
 one that stopped, and the file says at which step. The beat comes from a thread, not the training loop, so a long evaluation, a slow
 data set or a big checkpoint is not mistaken for a stall; a stopped process stops every thread.

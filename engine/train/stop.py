@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from core import stop_signals
-from engine.train.state import TrainState
+from engine.train.train_state import TrainState
 
 log = logging.getLogger("syncopt")
 
@@ -106,7 +106,7 @@ class StopAgreement:
         self.stop_after, self.check_every, self.total_steps = stop_after, check_every, total_steps
         self.budget, self.samples_per_step = budget, samples_per_step
         self.signal = StopSignal()
-        # fault-tolerant mode: the replicas agree on a stop in their rounds instead (engine/rank/ft_rounds.py):
+        # fault-tolerant mode: the replicas agree on a stop in their rounds instead (engine/ft/rank/rounds.py):
         # None while there is none, else a note on why ("": a signal, agreed in a round)
         self.agreement: Optional[Callable[[], Optional[str]]] = None
 

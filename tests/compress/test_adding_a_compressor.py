@@ -52,7 +52,7 @@ from dist_algos.base import HyperParams
 from dist_algos.compress import build_chain, check_chain, list_compressors
 from dist_algos.compress.contract import EncodeContext
 from dist_algos.compress.memory import Memory
-from dist_algos.compressed import CompressedAllreduce, CompressedConfig
+from dist_algos.compressed_sync import CompressedAllreduce, CompressedConfig
 
 assert "toy_stride" in list_compressors(), list_compressors()
 x = torch.arange(1.0, 13.0)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from dist_algos.machinery.comm import allgather_bytes, allreduce_bytes
+from dist_algos.comm.accounting import allgather_bytes, allreduce_bytes
 from dist_algos.compress import build_chain
 from dist_algos.compress.communicator import Communicator, simulate
 from dist_algos.compress.contract import EncodeContext
@@ -161,7 +161,7 @@ def plugin_in_rank(rank: int, world: int) -> list[list[torch.Tensor]]:
 
 
 def test_overlap_cuts_the_model_into_several_buckets() -> None:
-    from dist_algos.machinery.grad_buckets import MIB, assign_buckets
+    from dist_algos.comm.grad_buckets import MIB, assign_buckets
     from tests.support.plugin_harness import make_model
 
     sizes = [((torch.float32, "cpu"), p.numel() * 4) for p in make_model().parameters()]

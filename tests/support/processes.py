@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from engine.drivers.job_processes import read_process_log
+from engine.ft.launch.job_processes import read_process_log
 
 
 def recorded_pids(run_dir: Path) -> set[int]:

@@ -1,0 +1,18 @@
+"""Paper tables by one command (`python cli.py table=NAME`), above the engine, which knows nothing
+of them: the table config and directory layout (`config`), the headline metric's direction
+(`measure`), the tuning (`tuning`), the per-seed results (`runs`), intervals and tests (`stats`),
+the family of comparisons (`compare`), each row set beside other tasks' tables (`cross_task`),
+provenance (`provenance`), the jobs' record (`jobs`), the store carried between machines
+(`store`), the results (`render`), figures (`plots`) and the runner that makes the rows'
+runs (`runner`)."""
+from __future__ import annotations
+
+from hydra.core.config_store import ConfigStore
+
+from tables.config import TableConfig
+
+
+def register_table_schema() -> None:
+    """The typed node under every `recipes/tables/*.yaml` (`defaults: [_schema, _self_]`): Hydra's
+    `table/_schema`, registered by the commands that compose tables (cli.py), not by the engine."""
+    ConfigStore.instance().store(group="table", name="_schema", node=TableConfig)

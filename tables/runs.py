@@ -1,0 +1,129 @@
+"""A table's per-seed results: every reported run's summary, read once, and `runs.csv`, the file
+beside table.csv from which every interval of table.csv can be recomputed by a reader.
+
+runs.csv has one line per reported run (row x variant x seed): `label` (table.csv's), `row`,
+`variant`, `seed`, the code it ran (`commit`, `dirty`), what pairing depends on (`train_ranks`,
+`partition`, `dirichlet_alpha`, `classes_per_worker`), which data it was evaluated on (`split_seed`,
+and a generated set's `generator_seed`: they follow the seed under table.split_seeds=per_seed),
+the evaluation sets' sizes (`test_samples`,
+`val_samples`: the floor under accuracy intervals) and every reported metric: the table's columns
+and ratios, its headline and selection metrics, and every test or validation value the runs
+recorded (a language model's `bits_per_char` and `perplexity` included).
+"""
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Optional
+
+from engine.report.metrics import read_metrics
+from tables.config import RowConfig, TableConfig, row_dir, target
+from tables.config import row_name as row_of  # (the row of a `<row>@<variant>` label)
+from tables.measure import Better, evaluation_set, implied_direction, reaches
+
+Summary = dict[str, Any]
+#: metrics a task may report without a test_/val_ prefix (a language model's, on test)
+TASK_METRICS = ("bits_per_char", "perplexity")
+#: what fixes a run's validation and test data beyond the set's name (`data.<key>` in its config)
+EVALUATED_ON = ("split_seed", "generator_seed")
+FACTS = ["commit", "dirty", "train_ranks", "partition", "dirichlet_alpha", "classes_per_worker",
+         *EVALUATED_ON, "test_samples", "val_samples"]
+
+
+def to_target(run_dir: Any, target_value: float, metric: str = "test_acc",
+              better: Optional[Better] = None) -> tuple[Optional[float], Optional[int]]:
+    """Wall-clock seconds and bytes sent (all ranks) of the run at its first evaluation whose
+    `metric` reaches target_value in the metric's direction ((None, None): never)."""
+    better = better or implied_direction(metric) or Better.higher
+    for rec in read_metrics(run_dir.metrics):
+        value = rec.get(metric)
+        if rec.get("kind") == "eval" and isinstance(value, (int, float)) and reaches(value, target_value, better) \
+                and rec.get("wall_s") is not None:
+            sent = rec.get("comm_bytes_total")
+            return float(rec["wall_s"]), (int(sent) if sent is not None else None)
+    return None, None
+
+
+def variant_of(label: str) -> str:
+    """The variant of a `<row>@<variant>` label ("" for a table without variants)."""
+    return label.partition("@")[2]
+
+
+def run_summary(table: TableConfig, row: RowConfig, seed: int, out: Path) -> Optional[Summary]:
+    """A finished run's summary, with time_to_target_s and bytes_to_target added when the table
+    has a target (None: the run has not finished)."""
+    run_dir = row_dir(out, row, seed)
+    if not run_dir.summary.exists():
+        return None
+    summary = json.loads(run_dir.summary.read_text())
+    if target(table) is not None:
+        summary["time_to_target_s"], summary["bytes_to_target"] = to_target(
+            run_dir, target(table), table.target_metric, table.better or implied_direction(table.target_metric))
+    return summary
+
+
+def read_runs(table: TableConfig, out: Path) -> dict[str, dict[int, Summary]]:
+    """Every finished reported run's summary: label -> seed -> summary."""
+    runs: dict[str, dict[int, Summary]] = {}
+    for row in table.rows:
+        found = {seed: run_summary(table, row, seed, out) for seed in table.seeds}
+        runs[row.label] = {s: v for s, v in found.items() if v is not None}
+    return runs
+
+
+def split_fact(summary: Summary, key: str) -> Any:
+    """A data-split fact of a run (`data_split` in summary.json, a generated set's record within it),
+    or a top-level key of the same name."""
+    split = summary.get("data_split") if isinstance(summary.get("data_split"), dict) else {}
+    generated = split.get("generated") if isinstance(split.get("generated"), dict) else {}
+    return split.get(key, generated.get(key, summary.get(key)))
+
+
+def set_size(summary: Summary, metric: str, table: TableConfig) -> Optional[int]:
+    """How many examples `metric` was measured on: the run's record (summary `test_samples` or
+    `data_split.val_samples`), else the table's `test_examples`/`val_examples` (None: unknown,
+    or a metric of no evaluation set)."""
+    which = evaluation_set(metric) or ("test" if metric in TASK_METRICS else None)
+    if which is None:
+        return None
+    recorded = split_fact(summary, f"{which}_samples")
+    if isinstance(recorded, (int, float)) and recorded > 0:
+        return int(recorded)
+    return table.test_examples if which == "test" else table.val_examples
+
+
+def reported_metrics(table: TableConfig, runs: dict[str, dict[int, Summary]]) -> list[str]:
+    """The metric columns of runs.csv (see the module doc), in a stable order."""
+    named = [*table.columns, *table.ratios, table.compare_metric, table.select_metric, table.tie_metric]
+    recorded = sorted({key for by_seed in runs.values() for s in by_seed.values() for key, value in s.items()
+                       if isinstance(value, (int, float)) and not isinstance(value, bool)
+                       and (evaluation_set(key) is not None or key in TASK_METRICS)})
+    return [m for m in dict.fromkeys([*named, *recorded]) if m not in FACTS]
+
+
+def run_rows(table: TableConfig, runs: dict[str, dict[int, Summary]]) -> Iterable[dict[str, Any]]:
+    metrics = reported_metrics(table, runs)
+    for row in table.rows:
+        for seed, summary in sorted(runs.get(row.label, {}).items()):
+            line: dict[str, Any] = {"label": row.label, "row": row_of(row.label), "variant": variant_of(row.label),
+                                    "seed": seed}
+            for key in FACTS:
+                value = split_fact(summary, key)
+                if key in ("test_samples", "val_samples"):
+                    value = set_size(summary, key.replace("_samples", "_acc"), table)
+                line[key] = value
+            for metric in metrics:
+                value = summary.get(metric)
+                line[metric] = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+            yield line
+
+
+def write_runs_csv(path: Path, table: TableConfig, runs: dict[str, dict[int, Summary]]) -> None:
+    keys = ["label", "row", "variant", "seed", *FACTS, *reported_metrics(table, runs)]
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=keys)
+        writer.writeheader()
+        for line in run_rows(table, runs):
+            writer.writerow({k: ("" if line.get(k) is None else line[k]) for k in keys})
