@@ -347,3 +347,17 @@ def test_a_planted_private_import_is_caught(tmp_path: Path) -> None:
                     "from engine.launch.loop import _job_manager_signal\n")
     assert private_imports({**modules, "engine.planted": path}) - private_imports(modules) == \
         {("engine.planted", "_job_manager_signal")}
+
+
+# ---- room sizes ---------------------------------------------------------------------------------
+
+#: the most lines a module may hold: past it, a module has more than one job (docs/architecture.md)
+MAX_MODULE_LINES = 450
+
+
+def test_no_module_is_over_the_size_of_one_job() -> None:
+    """Every module of the project and of its tests stays at or under MAX_MODULE_LINES lines."""
+    paths = list(project_modules().values()) + sorted((REPO / "tests").rglob("*.py"))
+    over = sorted(f"{p.relative_to(REPO)}: {n} lines" for p in paths
+                  if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES)
+    assert not over, f"split these by job (at most {MAX_MODULE_LINES} lines each):\n" + "\n".join(over)
