@@ -32,6 +32,7 @@ from hydra import compose
 from omegaconf import DictConfig
 
 from core.errors import UserError
+from core.machine import machine_record
 from core.provenance import OUTPUT_FOLDERS_ENV, code_version
 from core.rundir import RunDir
 from data.sets import DATASETS
@@ -198,7 +199,7 @@ def _run_jobs(table: TableConfig, jobs: list[tuple[str, list[str], RunDir]], pha
             _log_job(table, out, {"phase": phase, "job": name, "status": state, "seconds": record.seconds,
                            "load_before": [round(v, 2) for v in load_before],
                            "load_after": [round(v, 2) for v in os.getloadavg()], "ended": record.ended,
-                           "commit": version.commit, "dirty": version.dirty})
+                           "commit": version.commit, "dirty": version.dirty, "machine": machine_record()})
         remaining = [n for (n, _, _), make in zip(jobs[i:], to_make[i:]) if make]
         print(f"{tag}: {state} in {seconds:.0f} s" + (f" (log: {run_dir.row_log})" if state != "done" else "")
               + time_left_text(remaining, made_runs(records), phase), flush=True)

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from core.machine import machine_record
 from core.provenance import code_version
 from core.rundir import RunDir
 from core.task import Task
@@ -163,8 +164,9 @@ class RunReport:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-        # provenance (core/provenance.py): tables gather it per run and refuse to mix in silence
-        summary.update(commit=self.code.commit, dirty=self.code.dirty)
+        # provenance (core/provenance.py, core/machine.py): tables gather it per run and refuse to
+        # mix commits, or pair machine types, in silence
+        summary.update(commit=self.code.commit, dirty=self.code.dirty, machine=machine_record())
         write_json(self.run_dir.summary, summary)
         self.reporter.finish(summary)
         records = read_metrics(self.run_dir.metrics)
