@@ -3,7 +3,7 @@
 An entry registers itself where it is defined (`@REGISTRY.register("name")`), and a registry
 that is given its packages imports every module directly inside them on first use, so adding an
 entry is adding one file. A subpackage is searched only when it is listed itself, so helpers that
-register nothing live in one (dist_algos/machinery/) instead of on a skip list. Tests enumerate
+register nothing live in one (dist_algos/comm/, consensus/, schedules/) instead of on a skip list. Tests enumerate
 `names()`, so every entry goes through them without anyone remembering to list it.
 """
 from __future__ import annotations

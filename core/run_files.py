@@ -1,6 +1,6 @@
 """The files the two sides of a run exchange through its run directory, and their formats.
 
-The launching process (engine/drivers/: the launcher's loop, restart-all, the rank watch, the
+The launching process (engine/launch/: the loop, restart-all, the rank watch; engine/ft/launch/: the
 fault-tolerant supervisor) and the ranks (engine/rank/) never import each other; what one must
 know of the other travels through the run directory (core/rundir.py names its paths). This
 module is that contract, read and written by both sides:

@@ -3,8 +3,8 @@
 The plugins are the modules at this package's root and in `param_server/` (the parameter-server
 family); both folders' modules are imported on first use, so a plugin registers itself just by
 living there with `@register_algorithm`. The contract is `base.py`; what plugins are built from
-lives in subpackages the registry never searches, `machinery/` (accounting, flat buffers,
-schedules, ...) and `compress/` (compression). A plugin's config dataclass is the one source of
+lives in subpackages the registry never searches: `comm/` (accounting, flat buffers, buckets, p2p),
+`consensus/`, `schedules/` and `compress/` (compression). A plugin's config dataclass is the one source of
 its options and their defaults (`register_configs` hands it to Hydra as the `algo=NAME` option),
 and tests enumerate `list_algorithms()`.
 """

@@ -1,5 +1,5 @@
-"""The launch commands: what the launching process's drivers (engine/drivers/: the launcher, the
-fault-tolerant supervisor, its launch over ssh, the lighthouse) build and start.
+"""The launch commands: what the launching side (engine/launch/: the loop and its plans; the
+engine/ft/launch/: the fault-tolerant supervisor, its launch over ssh, the lighthouse) build and start.
 
 - ports: a free port to listen on, and whether a given one is taken (`free_port`, `port_in_use`);
 - thread settings: the cores this process may use and the OMP threads per rank (DeepSpeed sets
