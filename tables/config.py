@@ -6,8 +6,8 @@ is its own run directory, `<table dir>/<label>/seed_<s>/`.
 
 The rows a table runs are its listed rows expanded (`expand_rows`): `every_algorithm: true` adds
 one row per registered algorithm from its CPU recipe, `recipes/cpu/<algo>.yaml` (or the same
-methods on another task: `recipe_set: cpu_mnist1d | cpu_lm`), and one per other recipe in that
-folder (methods composed from an algorithm, e.g. a compressor); `variants`
+methods on another task: `recipe_set: cpu_<task>`, a folder with a `_task.yaml`), and one per
+other recipe in that folder (methods composed from an algorithm, e.g. a compressor); `variants`
 repeats every row under each named set of overrides (IID and skewed data side by side);
 `budget` puts every row on the same `train.budget_*`; `quick: true` keeps `quick_rows` (and the
 baseline row), the first seed and no tuning, for a test or CI.
@@ -33,6 +33,17 @@ from core.errors import UserError
 from core.rundir import RunDir
 from core.schema import Section, option, typed_section
 from tables.measure import Better, Headline, evaluation_set, implied_direction
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+TABLE_CONFIGS = Path(__file__).resolve().parents[1] / "conf" / "table"
+CPU_RECIPES = RECIPES / "cpu"  # every algorithm's own CPU recipe on the default digits task
+TASK_FILE = "_task.yaml"  # in recipes/cpu_<task>/: the task those files put cpu/'s methods on
+
+
+def recipe_sets(recipes: Path = RECIPES) -> tuple[str, ...]:
+    """The every-algorithm rows' recipe sets present: `cpu` (the default digits task), then each
+    `cpu_<task>/` holding a `_task.yaml`: a task's new set is files only, accepted here unedited."""
+    return ("cpu", *sorted(p.parent.name for p in recipes.glob(f"cpu_*/{TASK_FILE}")))
 
 
 class TableLauncher(enum.StrEnum):
@@ -170,10 +181,9 @@ class TableConfig(Section):
     store: Optional[str] = None
     budget: dict[str, Any] = field(default_factory=dict)  # e.g. {train.budget_samples: 42240}: every row
     every_algorithm: bool = False  # one row per registered algorithm from recipes/<recipe_set>/<algo>.yaml
-    # the every-algorithm rows' recipes: cpu (the default digits task), cpu_mnist1d (MNIST-1D's 1-D
-    # CNN on 60,000 / 10,000 signals) or cpu_lm (the character-level GPT on Shakespeare): the same
-    # methods, each folder's files the algorithms' recipes of cpu/ over that folder's _task.yaml
-    recipe_set: str = option("cpu", choices=("cpu", "cpu_mnist1d", "cpu_lm"))
+    # the every-algorithm rows' recipes: cpu (the default digits task) or a set of `recipe_sets()`
+    # (cpu_mnist1d, cpu_lm): the same methods, each set's files cpu/'s recipes over its _task.yaml
+    recipe_set: str = option("cpu", choices=recipe_sets())
     # what the every-algorithm rows' recipes must share (checked by tests/test_tables.py): the
     # composed config's model, data, epochs, global batch and ranks, msgd on one process
     row_constraints: dict[str, Any] = field(default_factory=dict)
@@ -192,12 +202,6 @@ class TableConfig(Section):
     gather_only: bool = False
     launcher: TableLauncher = TableLauncher.local
     row_timeout_s: Optional[float] = option(None, gt=0)
-
-
-RECIPES = Path(__file__).resolve().parents[2] / "recipes"
-TABLE_CONFIGS = Path(__file__).resolve().parents[2] / "conf" / "table"
-CPU_RECIPES = RECIPES / "cpu"  # every algorithm's own CPU recipe on the default digits task
-TASK_FILE = "_task.yaml"  # in recipes/cpu_<task>/: the task those files put cpu/'s methods on
 
 
 PLOTS = ("accuracy", "intervals", "pareto", "throughput", "wall", "levels", "workers")  # tables/plots.py draws

@@ -34,7 +34,7 @@ from omegaconf import OmegaConf
 from tables.config import TABLE_CONFIGS, TableConfig, headline
 from tables.measure import Better, sign
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "results"  # where produced tables are kept
 REREAD = "table_reread.csv"  # an older table's comparisons read again under the protocol
 

@@ -10,7 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from core.spec import ImageSpec, SignalSpec, TextSpec
-from core.task import Classification, LanguageModel, base_name, task_for
+from core.task import base_name, task_for
+from core.task.classification import Classification
+from core.task.language_model import LanguageModel
 from engine.train.evaluation import evaluate
 
 

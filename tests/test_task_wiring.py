@@ -1,7 +1,8 @@
-"""The runner trains what the data's task says (core/task.py), not only image classification:
+"""The runner trains what the data's task says (core/task/), not only image classification:
 
-- every recipe of the task sets (recipes/cpu_mnist1d/, recipes/cpu_lm/: every registered plugin and
-  every method built from one) trains a step on its task through the real trainer;
+- every recipe of the task sets (each recipes/cpu_<task>/ with a `_task.yaml`, `recipe_sets()`:
+  every registered plugin and every method built from one) trains a step on its task through the
+  real trainer, shrunk by the set's own `_shrink.yaml`;
 - selection follows the task's direction through the real evaluator and checkpointer: where lower
   loss and higher accuracy disagree, classification keeps the accurate evaluation and the language
   model the one with the lower loss (and `checkpoint.best_metric` picks either way);
@@ -19,18 +20,47 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 
 from core.errors import UserError
 from core.spec import ImageSpec, TextSpec
 from core.task import task_for
+from tables.config import RECIPES, recipe_sets
 from tests.support.cli_runs import run_cli_here
-from tests.support.harness import REPO, rank_config, run_ranks
+from tests.support.harness import rank_config, run_ranks
 
-RECIPES = REPO / "recipes"
-#: what makes a step of each set cheap: a small MNIST-1D, a one-layer GPT on short windows
-SHRINK = {"cpu_mnist1d": ["data.num_samples=2000"],
-          "cpu_lm": ["model.layers=1", "model.width=16", "model.heads=2", "data.context_length=16",
-                     "data.eval_windows=8"]}
+SHRINK_FILE = "_shrink.yaml"  # in recipes/cpu_<task>/: what makes a step of the set's task cheap
+#: the sets shipped before sets declared their own shrink: their task, data and metrics are pinned below
+SHIPPED_SETS = ("cpu_mnist1d", "cpu_lm")
+
+
+def overrides_of(node: dict[str, Any], prefix: str = "") -> list[str]:
+    """A YAML mapping's leaves as dotted command-line overrides (`model: {layers: 1}` -> `model.layers=1`)."""
+    found = []
+    for key, value in node.items():
+        if isinstance(value, dict):
+            found += overrides_of(value, f"{prefix}{key}.")
+        elif isinstance(value, (bool, int, float, str)) or value is None:
+            found.append(f"{prefix}{key}={yaml.safe_dump(value, default_flow_style=True).splitlines()[0]}")
+        else:
+            raise AssertionError(f"{prefix}{key}: {SHRINK_FILE} holds scalars only (got {value!r})")
+    return found
+
+
+def shrink_of(folder: str) -> list[str]:
+    """The overrides recipes/<folder>/_shrink.yaml declares (its values; its defaults only make it
+    compose on its own). A set without one fails with the line that says what to add."""
+    path = RECIPES / folder / SHRINK_FILE
+    assert path.is_file(), (f"recipes/{folder}/ has no {SHRINK_FILE}: add one (`# @package _global_`, "
+                            f"`defaults: [/recipe/{folder}/_task]`, then the values that make a step of its task "
+                            "cheap, e.g. a small data set and model)")
+    node = yaml.safe_load(path.read_text()) or {}
+    return overrides_of({k: v for k, v in node.items() if k != "defaults"})
+
+
+#: what makes a step of each task set cheap, as each set declares it (a small MNIST-1D, a one-layer
+#: GPT on short windows)
+SHRINK = {folder: shrink_of(folder) for folder in recipe_sets() if folder != "cpu"}
 COMMON = ["train.max_steps=1", "resume=null", "checkpoint.every_steps=null", "checkpoint.every_epochs=null"]
 
 
@@ -74,8 +104,10 @@ def initial_params(config: Any) -> dict[str, torch.Tensor]:
 
 @pytest.mark.timeout(900)
 def test_every_plugin_trains_a_step_on_each_new_task(tmp_path: Path) -> None:
+    from data import data_spec
     from dist_algos import list_algorithms
 
+    assert set(SHIPPED_SETS) <= set(SHRINK), f"the shipped task sets are gone: {sorted(SHRINK)}"
     trained = set()
     for world, configs in configs_by_world().items():
         ranks = run_ranks(one_step_each, world, configs, str(tmp_path / f"w{world}"), timeout=600)
@@ -83,12 +115,18 @@ def test_every_plugin_trains_a_step_on_each_new_task(tmp_path: Path) -> None:
             summaries = [r[recipe]["summary"] for r in ranks if r[recipe]["summary"] is not None]
             assert len(summaries) == 1, f"{recipe}: one reporting rank"
             s = summaries[0]
-            lm = recipe.startswith("cpu_lm/")
-            assert s["steps"] == 1 and s["task"] == ("language_model" if lm else "classification"), recipe
-            assert s["data"] == ("shakespeare_char" if lm else "mnist1d"), recipe
-            metric = "test_bpc" if lm else "test_acc"
-            assert math.isfinite(s["test_loss"]) and metric in s, f"{recipe}: {sorted(s)}"
-            assert s["best_metric"] == ("val_loss" if lm else "val_acc"), recipe
+            task = task_for(data_spec(config.data))  # every set: the task its data names, its metrics
+            assert s["steps"] == 1 and s["task"] == task.name and s["data"] == config.data.name, recipe
+            assert all(f"test_{m.name}" in s for m in task.metrics), f"{recipe}: {sorted(s)}"
+            assert s["best_metric"] == task.selection_metric, recipe
+            if recipe.split("/")[0] in SHIPPED_SETS:
+                lm = recipe.startswith("cpu_lm/")
+                assert s["steps"] == 1 and s["task"] == ("language_model" if lm else "classification"), recipe
+                assert s["data"] == ("shakespeare_char" if lm else "mnist1d"), recipe
+                metric = "test_bpc" if lm else "test_acc"
+                assert math.isfinite(s["test_loss"]) and metric in s, f"{recipe}: {sorted(s)}"
+                assert s["best_metric"] == ("val_loss" if lm else "val_acc"), recipe
+            assert math.isfinite(s["test_loss"]), recipe
             start = initial_params(config)
             moved = [any(not torch.equal(r[recipe]["params"][k], start[k]) for k in start) for r in ranks]
             assert any(moved), f"{recipe}: no rank's model moved in its step"

@@ -77,7 +77,7 @@ def _text_batch(worker: int, step: int, num_workers: int, batch: int) -> tuple[t
 
 
 def _token_loss(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-    from core.task import LanguageModel
+    from core.task.language_model import LanguageModel
 
     return LanguageModel(TEXT_VOCAB).loss(model(xb), yb)
 
