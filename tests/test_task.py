@@ -105,3 +105,18 @@ def test_directions_and_selection_follow_the_task() -> None:
     assert lm.select(records, "val_acc") == 0
     assert lm.select([{"step": 1}]) is None
     assert lm.better("val_loss", 1.0, None) and not lm.better("val_loss", 1.0, 1.0)
+
+
+def test_the_summary_screen_shows_a_new_tasks_own_metrics(tmp_path, capsys) -> None:
+    """A task added as new files (no accuracy, no loss of the classification kind) gets its own
+    metrics on the summary screen, not a KeyError at the end of every run."""
+    from engine.report.summary import print_summary
+
+    summary = {"task": "toy_binary", "algo": "allreduce", "data": "toy", "test_brier": 0.125, "val_brier": 0.25,
+               "best_metric": "val_brier", "best_val_brier": 0.25, "best_step": 3, "test_brier_at_best": 0.125,
+               "steps": 3, "epochs": 1.0, "world_size": 1, "train_ranks": 1, "global_batch": 4, "peak_lr": 0.1,
+               "samples_per_s": 10.0, "data_wait_frac": 0.0, "syncs": 0, "comm_bytes": 0, "comm_s": 0.0, "wall_s": 1.0}
+    print_summary(summary, tmp_path)
+    out = capsys.readouterr().out
+    assert "test brier" in out and "0.1250" in out and "validation 0.2500" in out
+    assert "best validation brier" in out and "0.2500 at step 3" in out

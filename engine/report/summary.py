@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 
 import torch.distributed as dist
 
-from core.spec import LANGUAGE_MODEL
+from core.spec import CLASSIFICATION, LANGUAGE_MODEL
 from engine.report.utilisation import utilisation
 
 
@@ -122,6 +122,31 @@ def _language_model_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
             (f"best validation {_metric_words(summary, 'loss')}", _selected(summary))]
 
 
+def _task_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """Any other task's results: each test metric it recorded (validation beside it), then the
+    selection; a task registered from its own files needs no line here (docs/tasks.md)."""
+    names = sorted(k.removeprefix("test_") for k, v in summary.items()
+                   if k.startswith("test_") and not k.endswith("_at_best") and isinstance(v, (int, float))
+                   and not isinstance(v, bool) and k != "test_samples")
+    rows = []
+    for name in names:
+        val = summary.get(f"val_{name}")
+        rows.append((f"test {name}", f"{summary[f'test_{name}']:.4f}"
+                     + (f"  (validation {val:.4f})" if isinstance(val, (int, float)) else "")))
+    metric = summary.get("best_metric")
+    return rows + [(f"best validation {metric.removeprefix('val_') if metric else 'metric'}", _selected(summary))]
+
+
+def _result_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """The task's results, in the words of its kind."""
+    task = summary.get("task")
+    if task == LANGUAGE_MODEL:
+        return _language_model_rows(summary)
+    if task in (CLASSIFICATION, None) and "test_acc" in summary and "test_loss" in summary:
+        return _classification_rows(summary)
+    return _task_rows(summary)
+
+
 def _metric_words(summary: dict[str, Any], default: str) -> str:
     """The selecting metric in words for the summary screen (`val_acc`: accuracy, `val_bpc`: bpc)."""
     metric = summary.get("best_metric")
@@ -151,7 +176,7 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     lm = summary.get("task") == LANGUAGE_MODEL
     tokens = f", {summary['tokens_per_s']:.0f} tokens/s" if lm and summary.get("tokens_per_s") else ""
     rows = [
-        *(_language_model_rows(summary) if lm else _classification_rows(summary)),
+        *_result_rows(summary),
         ("steps / epochs", f"{summary['steps']} / {summary['epochs']:.2f}"),
         ("ranks (training)", f"{summary['world_size']} ({summary['train_ranks']})"),
         ("global batch / peak lr", f"{summary['global_batch']} / {summary['peak_lr']:g}"),
