@@ -7,6 +7,7 @@ launch commands (`commands`: ports, thread settings, command lines).
 
 What runs in the launching process (the engine's top floor, never importing engine/rank/): the
 hand-off from cli.py (`job`), restart-all (`restart`), the loop that starts and supervises one
-attempt (`loop`), the five launch plans (`plans`), the ranks forked from this process (`fork`),
+attempt (`loop`) on the supervision loop it shares with the fault-tolerant supervisor
+(`supervision`), the five launch plans (`plans`), the ranks forked from this process (`fork`),
 the watch over the ranks' files (`rank_watch`) and the run directory's lock (`run_lock`).
 """

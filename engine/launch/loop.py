@@ -6,7 +6,9 @@ run directory it resolved passed down (`hydra.run.dir=...`), so every rank write
 directory. `launch` picks one of the five launch plans (engine/launch/plans.py: one
 machine, the same ranks forked from this process (`launch.launcher=fork`), pdsh, no-ssh per
 node, an emulated cluster; their commands and environment come from engine/launch/commands.py)
-and `run_launcher` supervises it, forked ranks as launched ones:
+and `run_launcher` supervises it, forked ranks as launched ones, on the supervision loop that the
+fault-tolerant supervisor runs on too (engine/launch/supervision.py; `LaunchedRanks` is this
+side's policy):
 
 - signals (Ctrl-C, SIGTERM, SLURM's warning signal) are passed to the ranks as SIGUSR1, which
   makes them checkpoint at an agreed step and exit 0; a second signal ends the job. A file
@@ -23,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from types import FrameType
@@ -37,6 +40,7 @@ from engine.launch.rank_watch import RankWatch, Stall
 from engine.launch.commands import script_args
 from engine.launch.config import Launcher, LaunchConfig
 from engine.launch.network import EmulatedCluster
+from engine.launch.supervision import StopSignals, supervise
 
 
 def _job_manager_signal() -> Optional[tuple[int, Callable[[int, Optional[FrameType]], Any]]]:
@@ -55,6 +59,61 @@ def _job_manager_signal() -> Optional[tuple[int, Callable[[int, Optional[FrameTy
     return (sig, handler) if callable(handler) else None
 
 
+class LaunchedRanks:
+    """One attempt's launch as the supervision loop sees it (engine/launch/supervision.py): the
+    launcher's process (or fork's group leader), whose session holds every rank of this node, and
+    the watch over the ranks' files. Its policy: the stop is delivered once, to every rank, when
+    all of them catch it; a stalled rank ends the job; the job is over when the launcher exits or
+    every rank has recorded a clean exit."""
+
+    def __init__(self, watch: RankWatch, stall_s: Optional[float]) -> None:
+        self.watch, self.stall_s = watch, stall_s
+        self.proc: Any = None  # a Popen, or fork's leader (the handler is installed before either starts)
+        self.stall: Optional[Stall] = None  # the stall that ended the job
+
+    def stop_line(self, signum: int) -> str:
+        return (f"syncopt: {signal.Signals(signum).name}: ranks will checkpoint and stop at the next agreed step "
+                "(signal again to stop at once)")
+
+    def stop_requested(self) -> bool:
+        return self.watch.stop_requested()
+
+    def poll(self) -> Optional[int]:
+        code = self.proc.poll()
+        if code is None:
+            self.watch.poll()
+        return code
+
+    def ready(self) -> bool:
+        return self.watch.ready()
+
+    def deliver_stop(self) -> bool:
+        self.watch.signal_ranks(signal.SIGUSR1)
+        return True
+
+    def stalls(self) -> list[Stall]:
+        return self.watch.stalls(self.stall_s) if self.stall_s else []
+
+    def end_stalled(self, stalls: Sequence[Stall]) -> int:
+        self.stall = stalls[0]
+        _end_group(self.proc)
+        self.watch.signal_ranks(signal.SIGKILL)
+        return 1
+
+    def done(self) -> Optional[int]:
+        codes = self.watch.exit_codes()
+        if codes is None or any(codes.values()):
+            return None
+        time.sleep(0.3)  # the launcher's own clean exit, if it is quick
+        if self.proc.poll() is None:
+            _end_group(self.proc)
+        return 0
+
+    def end_now(self, signum: int, count: int) -> None:
+        if self.proc is not None:
+            os.killpg(self.proc.pid, signal.SIGTERM if count < 3 else signal.SIGKILL)
+
+
 def run_launcher(cmd: list[str], env: dict[str, str], run_dir: RunDir | Path, watch: Optional[RankWatch] = None,
                  stall_s: Optional[float] = None, received: Optional[list[int]] = None,
                  start: Optional[Callable[[Optional[int]], Any]] = None) -> int:
@@ -67,7 +126,8 @@ def run_launcher(cmd: list[str], env: dict[str, str], run_dir: RunDir | Path, wa
     nobody). Once every rank has recorded a clean exit the job is over, whatever the launcher's
     own polling still takes. `received`: the stop signals that arrived are appended to it (a job
     the user stopped is not restarted). `start`: starts the ranks instead of `cmd` (a launch
-    plan's, launch.launcher=fork), given the signal they must ignore.
+    plan's, launch.launcher=fork), given the signal they must ignore. The loop is the shared one
+    (engine/launch/supervision.py), driving `LaunchedRanks`.
     """
     run_dir = RunDir.of(run_dir)
     watch = watch or RankWatch(run_dir)
@@ -78,67 +138,31 @@ def run_launcher(cmd: list[str], env: dict[str, str], run_dir: RunDir | Path, wa
         if manager is not None:  # the ranks must not die of the job manager's signal
             signal.signal(manager[0], signal.SIG_IGN)
 
-    received = [] if received is None else received
-    pending = [False]  # a stop to deliver once the ranks are ready
-    launched: list[Any] = []  # a Popen, or fork's leader (the handler is installed before either starts)
-
-    def on_signal(signum: int, frame: Optional[FrameType]) -> None:
-        received.append(signum)
-        if len(received) == 1:
-            pending[0] = True
-            print(f"syncopt: {signal.Signals(signum).name}: ranks will checkpoint and stop at the next "
-                  "agreed step (signal again to stop at once)", file=sys.stderr, flush=True)
-        elif launched:
-            os.killpg(launched[0].pid, signal.SIGTERM if len(received) < 3 else signal.SIGKILL)
-
-    stall: Optional[Stall] = None
-    code: Optional[int] = None
-    previous = stop_signals.install(on_signal, also=[manager[0]] if manager else [])
+    job = LaunchedRanks(watch, stall_s)
+    stops = StopSignals(job, received)
+    previous = stops.install(also=[manager[0]] if manager else [])
     try:
         if start is not None:
-            proc = start(manager[0] if manager is not None else None)
+            job.proc = start(manager[0] if manager is not None else None)
         else:
-            proc = subprocess.Popen(cmd, env=env, start_new_session=True,
-                                    preexec_fn=child_setup if manager is not None else None)
-        launched.append(proc)
-        if len(received) > 1:  # stopped twice while it was being started
-            os.killpg(proc.pid, signal.SIGTERM)
-        while proc.poll() is None:
-            watch.poll()
-            if watch.stop_requested() and not received:
-                on_signal(signal.SIGUSR1, None)
-            if pending[0] and watch.ready():
-                pending[0] = False
-                watch.signal_ranks(signal.SIGUSR1)
-            stalls = watch.stalls(stall_s) if stall_s else []
-            if stalls:
-                stall = stalls[0]
-                _end_group(proc)
-                watch.signal_ranks(signal.SIGKILL)
-                code = 1
-                break
-            codes = watch.exit_codes()
-            if codes is not None and not any(codes.values()):
-                time.sleep(0.3)  # the launcher's own clean exit, if it is quick
-                if proc.poll() is None:
-                    _end_group(proc)
-                code = 0
-                break
-            time.sleep(0.2)
+            job.proc = subprocess.Popen(cmd, env=env, start_new_session=True,
+                                        preexec_fn=child_setup if manager is not None else None)
+        if len(stops.received) > 1:  # stopped twice while it was being started
+            os.killpg(job.proc.pid, signal.SIGTERM)
+        code = supervise(job, stops)
         watch.poll()
     finally:
         stop_signals.restore(previous)
-        if launched:
-            _end_group(launched[0])  # whatever of the launch is left (a rank's children) ends with it
-    code = proc.returncode if code is None else code
-    if stall is not None:
-        print(f"syncopt: error: {stall.describe()}; the job was stopped; log: "
-              f"{watch.run_dir.rank_log(stall.rank)}", file=sys.stderr, flush=True)
+        if job.proc is not None:
+            _end_group(job.proc)  # whatever of the launch is left (a rank's children) ends with it
+    if job.stall is not None:
+        print(f"syncopt: error: {job.stall.describe()}; the job was stopped; log: "
+              f"{watch.run_dir.rank_log(job.stall.rank)}", file=sys.stderr, flush=True)
     elif code == USER_ERROR_EXIT:
         print(f"syncopt: error: {watch.user_error()}", file=sys.stderr, flush=True)
     elif code != 0:
         print(f"syncopt: error: {watch.failure_report(code)}", file=sys.stderr, flush=True)
-    if manager is not None and manager[0] in received and code == 0:
+    if manager is not None and manager[0] in stops.received and code == 0:
         manager[1](manager[0], None)  # submitit: save the submission and requeue (exits)
     return code
 
