@@ -2,7 +2,11 @@
 # Produce the long CPU tables in parts (docs/tables.md, "Carrying a table between machines"): each
 # table in turn, from a worktree pinned at one commit, every finished run carried to
 # docs/results/<table>/store (table.store), so that a later sitting, on this machine or a fresh
-# one, resumes where this one stopped. Commit the stores between sittings.
+# one, resumes where this one stopped. Commit the stores between sittings: each run's files are
+# written once when it finishes (its metrics xz-compressed), so a commit adds small files and
+# rewrites none but jobs.jsonl. When a table is final, gather it and seal its store
+# (.venv/bin/python -m tables.seal docs/results/<table>/store: two Parquet files in place of the run
+# folders, checked to read back exactly first; docs/tables.md), and commit that.
 #
 #   scripts/produce_tables.sh start [COMMIT]   # in the background; logs in $TABLES_DIR/<table>.log
 #   scripts/produce_tables.sh pause            # the running run checkpoints and stops; start resumes it
@@ -105,7 +109,9 @@ pause)
     ;;
 status)
     for t in $TABLES; do
-        n=$( (find "$(store "$t")" -name summary.json 2>/dev/null || true) | wc -l)
+        # loose or sealed alike (tables/run_records.py)
+        n=$(cd "$REPO" && "$PY" -c 'import sys; from pathlib import Path; from tables.store import store_records
+print(len(store_records(Path(sys.argv[1])).runs()))' "$(store "$t")" 2>/dev/null || echo "?")
         echo "$t: $n finished runs in $(store "$t")"
         # the runner's own estimate: the phase it is in, runs left in it and their time at the pace so far
         last=$( (grep -hE "runs left in this phase" "$DIR/$t.log" 2>/dev/null || true) | tail -1)
@@ -113,7 +119,7 @@ status)
     done
     ;;
 *)
-    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

@@ -2,9 +2,11 @@
 of them: the table config and directory layout (`config`), the headline metric's direction
 (`measure`), the tuning (`tuning`), the per-seed results (`runs`), intervals and tests (`stats`),
 the family of comparisons (`compare`), each row set beside other tasks' tables (`cross_task`),
-provenance (`provenance`), the jobs' record (`jobs`), the store carried between machines
-(`store`), the results (`render`), figures (`plots`) and the runner that makes the rows'
-runs (`runner`)."""
+provenance (`provenance`), the jobs' record (`jobs`), the one reader of finished runs
+(`run_records`), the store carried between machines (`store`) and its sealed form (`sealed`, sealed
+by `python -m tables.seal`; its curves read by `python -m tables.curves`), the results (`render`),
+figures (`plots`: curves; `plot_levels`: each row's final value; `plot_style`) and the runner that
+makes the rows' runs (`runner`)."""
 from __future__ import annotations
 
 from hydra.core.config_store import ConfigStore

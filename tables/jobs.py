@@ -18,11 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from core.errors import UserError
+
 JOBS_FILE = "jobs.jsonl"  # in the table's folder, written by tables/runner.py
 # a pause between one run's end and the next one's start of at least this long ends a sitting (the
 # table starts its next run within seconds: a longer pause is the table stopped, or the session ended)
 SITTING_GAP_S = 600.0
 MAX_SITTINGS_LISTED = 12
+MAX_TIME_S = 1e11  # seconds since 1970 (the year 5138): a time beyond it is not a clock's
 
 
 @dataclass(frozen=True)
@@ -48,19 +51,28 @@ class JobRecord:
 
 def read_jobs(path: Path) -> tuple[list[JobRecord], int]:
     """The records of jobs.jsonl in file order, and how many lines could not be read (a line cut by
-    a killed process, or edited by hand): those are counted, not fatal."""
+    a killed process, edited by hand, or another program's: not an object, or times no clock gives):
+    those are counted, not fatal. A file that is not text at all is refused in one line."""
     if not path.is_file():
         return [], 0
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path}: not UTF-8 text (byte {err.start}); put it back from git (git checkout -- FILE) "
+                        f"or remove it (table.md's Production section is read from it)") from None
     records, unreadable = [], 0
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         if not line.strip():
             continue
         try:
             raw = json.loads(line)
             loads = tuple(float(raw[k][0]) for k in ("load_before", "load_after") if raw.get(k))
-            records.append(JobRecord(str(raw["job"]), str(raw.get("phase", "")), str(raw["status"]),
-                                     float(raw["seconds"]), float(raw["ended"]), loads))
-        except (ValueError, KeyError, TypeError, IndexError):
+            record = JobRecord(str(raw["job"]), str(raw.get("phase", "")), str(raw["status"]),
+                               float(raw["seconds"]), float(raw["ended"]), loads)
+            if not (0 <= record.seconds < MAX_TIME_S and 0 <= record.ended < MAX_TIME_S):  # (a date table.md can print)
+                raise ValueError(record)
+            records.append(record)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError):
             unreadable += 1
     return records, unreadable
 

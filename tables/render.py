@@ -14,6 +14,7 @@ from typing import Any, Optional
 from tables.compare import Comparison, Family, build_family
 from tables.config import SplitSeeds, TableConfig, batch_rule, headline, row_dir, target, tie_seeds
 from tables.measure import evaluation_set, is_proportion, sign
+from tables.run_records import RunsAt
 from tables.runs import TASK_METRICS, Summary, read_runs, set_size
 from tables.runs import to_target as _to_target
 from tables.stats import LEVEL, cell_half_width
@@ -74,11 +75,12 @@ def set_size_of(table: TableConfig, runs: list[Summary], metric: str) -> Optiona
 
 
 def collect(table: TableConfig, out: Path, status: dict[tuple[str, int], str],
-            tuned: Optional[dict[str, Tuned]] = None) -> Gathered:
+            tuned: Optional[dict[str, Tuned]] = None, runs_at: Optional[RunsAt] = None) -> Gathered:
     """One record per row: mean/std/95% half-width over seeds of each metric, ratios, the
     comparison of `compare_metric` with the baseline row (raw and Holm-corrected), the paper's
-    numbers, the tuning; the per-seed summaries and the table's family of comparisons."""
-    runs = read_runs(table, out)
+    numbers, the tuning; the per-seed summaries and the table's family of comparisons. The runs are
+    read from `runs_at` (tables/run_records.py; default: the table's folder `out`)."""
+    runs = read_runs(table, out if runs_at is None else runs_at)
     records = []
     for row in table.rows:
         found = [runs[row.label][s] for s in table.seeds if s in runs[row.label]]
@@ -133,9 +135,9 @@ def _difference_fields(rec: dict[str, Any], c: Optional[Comparison], note: str) 
 
 
 def gather(table: TableConfig, out: Path, status: dict[tuple[str, int], str],
-           tuned: Optional[dict[str, Tuned]] = None) -> list[dict[str, Any]]:
+           tuned: Optional[dict[str, Tuned]] = None, runs_at: Optional[RunsAt] = None) -> list[dict[str, Any]]:
     """The records of `collect` alone."""
-    return collect(table, out, status, tuned).records
+    return collect(table, out, status, tuned, runs_at).records
 
 
 def _is_measure(metric: str) -> bool:

@@ -35,6 +35,7 @@ from core.errors import UserError
 from core.machine import machine_record
 from core.provenance import OUTPUT_FOLDERS_ENV, code_version
 from core.rundir import RunDir
+from core.user_paths import check_creatable
 from data.sets import DATASETS
 from engine.config import RunConfig, load_run_config
 from tables.cross_task import across_lines, read_verdicts
@@ -45,14 +46,15 @@ from tables.plots import draw_table_plots
 from tables.jobs import JOBS_FILE, JobRecord, production_lines, read_jobs
 from tables.provenance import check_tree, mixed_notice, provenance_lines, table_folders
 from tables.render import collect, render_markdown, write_csv
-from tables.runs import EVALUATED_ON, Summary, read_runs, split_fact, write_runs_csv
-from tables.store import (append_job, carry_if_missing, check_store, claim_folder, restore, save_run,
+from tables.run_records import FolderRecords, RunsAt, records_of
+from tables.runs import EVALUATED_ON, Summary, read_runs, row_rel, split_fact, write_runs_csv
+from tables.store import (append_job, carry_if_missing, check_store, claim_folder, gather_view, restore, save_run,
                                  store_identity, store_path)
 from tables.time_left import made_runs, time_left_text
 from tables.tuning import (Setting, TunePolicy, Tuned, choose, extend_grid, grid_settings, row_seeds,
-                                  setting_name, setting_overrides, stale_setting, tune_dir)
+                                  setting_name, setting_overrides, stale_setting, tune_dir, tune_rel)
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def compose_row(args: list[str]) -> RunConfig:
@@ -108,13 +110,16 @@ def check_seeded_runs(out: Path) -> None:
     table would reuse must have been evaluated on its seed's data; one made for one shared test set
     (the same folder run before with table.split_seeds=per_table) is refused in one line, never
     mixed in."""
-    for summary in sorted(out.glob("**/seed_*/summary.json")) if out.is_dir() else []:
-        seed = summary.parent.name.removeprefix("seed_")
-        recorded = json.loads(summary.read_text())
+    records = FolderRecords(out)
+    for rel in records.runs():
+        if not Path(rel).name.startswith("seed_"):
+            continue
+        seed = Path(rel).name.removeprefix("seed_")
+        recorded = records.summary(rel) or {}
         wrong = [f"data.{key}={value}" for key in EVALUATED_ON
                  if (value := split_fact(recorded, key)) is not None and str(value) != seed]
         if wrong:
-            raise UserError(f"table.split_seeds=per_seed: {summary.parent} was evaluated with {wrong[0]}, not its "
+            raise UserError(f"table.split_seeds=per_seed: {out / rel} was evaluated with {wrong[0]}, not its "
                             f"seed {seed} (made with one test set for every seed); use another hydra.run.dir or "
                             f"move that run away")
 
@@ -216,14 +221,14 @@ def tune_policy(table: TableConfig) -> TunePolicy:
                       margin_cost=table.tune_margin_cost)
 
 
-def tuning_grid(table: TableConfig, row: RowConfig, out: Path) -> tuple[dict[str, list[Any]], int]:
+def tuning_grid(table: TableConfig, row: RowConfig, out: RunsAt) -> tuple[dict[str, list[Any]], int]:
     """The row's grid as run: its own, extended beyond a winning edge (`table.tune_extend`), and
     how many points the extension added."""
     return extend_grid(out, row.label, row_grid(table, row), table.tune_seeds, table.select_metric,
                        table.tune_extend, tune_policy(table))
 
 
-def tuning_seeds(table: TableConfig, row: RowConfig, out: Path, grid: dict[str, list[Any]]) -> list[int]:
+def tuning_seeds(table: TableConfig, row: RowConfig, out: RunsAt, grid: dict[str, list[Any]]) -> list[int]:
     """The seeds a row's grid runs on: the tuning seeds, and the tie seed where one seed could not choose."""
     return row_seeds(out, row.label, grid, table.tune_seeds, table.select_metric, tune_policy(table))
 
@@ -241,7 +246,7 @@ def tuning_jobs(table: TableConfig, out: Path) -> list[tuple[str, list[str], Run
     return jobs
 
 
-def chosen(table: TableConfig, out: Path) -> dict[str, Tuned]:
+def chosen(table: TableConfig, out: RunsAt) -> dict[str, Tuned]:
     """Each tuned row's grid results and winner, from the tuning runs written so far."""
     found = {}
     for row in table.rows:
@@ -252,7 +257,7 @@ def chosen(table: TableConfig, out: Path) -> dict[str, Tuned]:
     return found
 
 
-def tuned_so_far(table: TableConfig, shown: TableConfig, out: Path) -> tuple[dict[str, Tuned], list[str]]:
+def tuned_so_far(table: TableConfig, shown: TableConfig, out: RunsAt) -> tuple[dict[str, Tuned], list[str]]:
     """table.gather_only's tuning: every row of `shown` (they need their choice), and beside them
     each row whose grid is complete though none of its reported runs is shown yet, so that a choice
     (within noise, at an edge, a divergence) can be read while the table is still being produced;
@@ -268,12 +273,13 @@ def tuned_so_far(table: TableConfig, shown: TableConfig, out: Path) -> tuple[dic
     return {label: t for label, t in tuned.items() if label in keep or t.complete}, lines
 
 
-def tuning_summaries(table: TableConfig, out: Path, tuned: dict[str, Tuned]) -> dict[str, dict[int, Summary]]:
+def tuning_summaries(table: TableConfig, out: RunsAt, tuned: dict[str, Tuned]) -> dict[str, dict[int, Summary]]:
     """The tuning runs' summaries (label -> index -> summary), for the provenance section."""
+    records = records_of(out)
     found: dict[str, dict[int, Summary]] = {}
     for label, result in tuned.items():
-        runs = [tune_dir(out, label, setting, s) for setting, _, _ in result.results for s in result.seeds]
-        found[label] = {i: json.loads(r.summary.read_text()) for i, r in enumerate(runs) if r.summary.exists()}
+        runs = [tune_rel(label, setting, s) for setting, _, _ in result.results for s in result.seeds]
+        found[label] = {i: summary for i, rel in enumerate(runs) if (summary := records.summary(rel)) is not None}
     return found
 
 
@@ -310,12 +316,13 @@ def _pending(table: TableConfig, out: Path) -> bool:
         any(not row_dir(out, row, seed).summary.exists() for row in table.rows for seed in table.seeds)
 
 
-def made_so_far(table: TableConfig, out: Path) -> tuple[TableConfig, list[str]]:
+def made_so_far(table: TableConfig, out: RunsAt) -> tuple[TableConfig, list[str]]:
     """table.gather_only: the table cut to the rows whose every seed is made (its comparisons, the
     Holm family and the plots are those rows'), and table.md's lines saying what is left out; none
     when every run is made, so that gathering a finished store gives the finished table, not a
     "Partial" one with the same rows and corrections."""
-    made = {r.label: sum(row_dir(out, r, s).summary.exists() for s in table.seeds) for r in table.rows}
+    records = records_of(out)
+    made = {r.label: sum(records.has(row_rel(r, s)) for s in table.seeds) for r in table.rows}
     n = len(table.seeds)
     done = [r for r in table.rows if made[r.label] == n]
     if len(done) == len(table.rows):
@@ -337,19 +344,25 @@ def run_table(node: DictConfig, out: Path) -> int:
     table = per_seed_options(load_table(node), out)
     if not table.dry_run:  # before anything is written: a store or run folder of another table is refused
         if table.store:
+            check_creatable(store_path(table), "table.store", "give table.store=PATH, a folder this user can write")
             check_store(store_path(table), store_identity(table))
         claim_folder(out, store_identity(table), {row.label for row in table.rows})
     out.mkdir(parents=True, exist_ok=True)
-    if table.store and not table.dry_run:
-        put_back = restore(store_path(table), out, store_identity(table), into_store=not table.gather_only)
+    runs_at: RunsAt = out  # where the table's finished runs are read (a gather reads its store where it is)
+    if table.store and not table.dry_run and table.gather_only:
+        runs_at = gather_view(store_path(table), out, store_identity(table))
+        print(f"table {table.name}: reading the finished runs of table.store {store_path(table)} where they are "
+              f"({len(runs_at.runs())} with the run folder's own)", flush=True)
+    elif table.store and not table.dry_run:
+        put_back = restore(store_path(table), out, store_identity(table))
         print(f"table {table.name}: {put_back} finished run{'s' * (put_back != 1)} put back from table.store "
               f"{store_path(table)}", flush=True)
     if not table.dry_run:
         # a run still to make is refused on a dirty tree now, before any starts; a table whose runs
         # are all there only gathers (table.md says which tree it was gathered on)
-        version = check_tree(table, out) if _pending(table, out) and not table.gather_only \
+        version = check_tree(table, out) if not table.gather_only and _pending(table, out) \
             else code_version(ignore=table_folders(table, out))
-        notice = mixed_notice(table, read_runs(table, out), version)
+        notice = mixed_notice(table, read_runs(table, runs_at), version)
         if notice:
             print(notice, flush=True)
     if table.dry_run:
@@ -370,10 +383,10 @@ def run_table(node: DictConfig, out: Path) -> int:
         print(f"submitted; run the same command again when the jobs are done to gather the table in {out}")
         return 0
     if table.gather_only:
-        shown, partial = made_so_far(table, out)
-        tuned, tuning = tuned_so_far(table, shown, out) if partial else (chosen(table, out), [])
+        shown, partial = made_so_far(table, runs_at)
+        tuned, tuning = tuned_so_far(table, shown, runs_at) if partial else (chosen(table, runs_at), [])
         return write_table(shown, out, {(row.label, seed): "done" for row, seed, _ in final_jobs(shown, out, tuned)},
-                           tuned, [], partial + tuning)
+                           tuned, [], partial + tuning, runs_at)
     tune_status: dict[str, str] = {}
     while True:  # a grid extended beyond a winning edge adds jobs; run until none is new
         new = [job for job in tuning_jobs(table, out) if job[0] not in tune_status]
@@ -398,13 +411,15 @@ def run_table(node: DictConfig, out: Path) -> int:
 
 
 def write_table(table: TableConfig, out: Path, status: dict[tuple[str, int], str], tuned: dict[str, Tuned],
-                failed_tuning: list[str], partial: list[str]) -> int:
+                failed_tuning: list[str], partial: list[str], runs_at: Optional[RunsAt] = None) -> int:
     """Gather the runs into table.md (also printed), table.csv, runs.csv and the plots; returns the
-    exit code (non-zero if any row is not complete). `partial`: table.gather_only's lines."""
-    gathered = collect(table, out, status, tuned)
+    exit code (non-zero if any row is not complete). `partial`: table.gather_only's lines; `runs_at`:
+    where the runs are read (default: `out`; a gather's: its store too, tables/store.py)."""
+    runs_at = out if runs_at is None else runs_at
+    gathered = collect(table, out, status, tuned, runs_at)
     version = code_version(ignore=table_folders(table, out))  # the commit the table is gathered at (it may have moved)
     n_test = n_examples(table, gathered.runs, [r.label for r in table.rows], table.compare_metric)
-    tuning_runs = tuning_summaries(table, out, tuned)
+    tuning_runs = tuning_summaries(table, runs_at, tuned)
     finished = sum(len(by_seed) for found in (gathered.runs, tuning_runs) for by_seed in found.values())
     against = (across_lines(table.compare_metric, read_verdicts(gathered.records, headline(table).better)[0],
                             table.compare_with) if table.compare_with else None)
@@ -414,6 +429,6 @@ def write_table(table: TableConfig, out: Path, status: dict[tuple[str, int], str
     (out / "table.md").write_text(markdown)
     write_csv(out / "table.csv", gathered.records)
     write_runs_csv(out / "runs.csv", table, gathered.runs)
-    draw_table_plots(table, gathered.records, out)
+    draw_table_plots(table, gathered.records, out, runs_at)
     print(markdown)
     return 0 if all(r["status"] == "ok" for r in gathered.records) else 1

@@ -13,15 +13,15 @@ recorded (a language model's `bits_per_char` and `perplexity` included).
 from __future__ import annotations
 
 import csv
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Optional
 
-from engine.report.metrics import read_metrics
+from core.rundir import RunDir
 from tables.config import RowConfig, TableConfig, row_dir, target
 from tables.config import row_name as row_of  # (the row of a `<row>@<variant>` label)
 from tables.measure import Better, evaluation_set, implied_direction, reaches
+from tables.run_records import SUMMARY, FolderRecords, Record, RunsAt, number, records_of
 
 Summary = dict[str, Any]
 #: metrics a task may report without a test_/val_ prefix (a language model's, on test)
@@ -32,18 +32,25 @@ FACTS = ["commit", "dirty", "train_ranks", "partition", "dirichlet_alpha", "clas
          *EVALUATED_ON, "test_samples", "val_samples"]
 
 
-def to_target(run_dir: Any, target_value: float, metric: str = "test_acc",
-              better: Optional[Better] = None) -> tuple[Optional[float], Optional[int]]:
-    """Wall-clock seconds and bytes sent (all ranks) of the run at its first evaluation whose
-    `metric` reaches target_value in the metric's direction ((None, None): never)."""
+def reached(evals: Iterable[Record], target_value: float, metric: str = "test_acc",
+            better: Optional[Better] = None) -> tuple[Optional[float], Optional[int]]:
+    """Wall-clock seconds and bytes sent (all ranks) at the first of a run's eval records whose
+    `metric` reaches target_value in the metric's direction ((None, None): never). The readers have
+    checked that wall_s and comm_bytes_total are numbers (tables/run_records.py)."""
     better = better or implied_direction(metric) or Better.higher
-    for rec in read_metrics(run_dir.metrics):
+    for rec in evals:
         value = rec.get(metric)
-        if rec.get("kind") == "eval" and isinstance(value, (int, float)) and reaches(value, target_value, better) \
-                and rec.get("wall_s") is not None:
+        if rec.get("kind") == "eval" and isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and reaches(value, target_value, better) and rec.get("wall_s") is not None:
             sent = rec.get("comm_bytes_total")
             return float(rec["wall_s"]), (int(sent) if sent is not None else None)
     return None, None
+
+
+def to_target(run_dir: RunDir, target_value: float, metric: str = "test_acc",
+              better: Optional[Better] = None) -> tuple[Optional[float], Optional[int]]:
+    """`reached` of one run folder's metrics."""
+    return reached(FolderRecords(run_dir.root).metrics(".", "eval") or [], target_value, metric, better)
 
 
 def variant_of(label: str) -> str:
@@ -51,24 +58,44 @@ def variant_of(label: str) -> str:
     return label.partition("@")[2]
 
 
-def run_summary(table: TableConfig, row: RowConfig, seed: int, out: Path) -> Optional[Summary]:
+def row_rel(row: RowConfig, seed: int) -> str:
+    """A reported run's path in the table's folder (and store): `<label>/seed_<s>`."""
+    return row_dir(Path(), row, seed).root.as_posix()
+
+
+def table_metrics(table: TableConfig) -> list[str]:
+    """The summary keys a table reads as numbers (besides every test_/val_ value, which runs.csv
+    lists): its columns, ratios and the metrics it compares, selects and ties on."""
+    named = [*table.columns, *table.ratios, table.compare_metric, table.select_metric, table.tie_metric]
+    return [m for m in dict.fromkeys(named) if m]
+
+
+def run_summary(table: TableConfig, row: RowConfig, seed: int, out: RunsAt) -> Optional[Summary]:
     """A finished run's summary, with time_to_target_s and bytes_to_target added when the table
-    has a target (None: the run has not finished)."""
-    run_dir = row_dir(out, row, seed)
-    if not run_dir.summary.exists():
+    has a target (None: the run has not finished). A metric the table reads that is there but not
+    a number (a hand edit, another program's file) is refused in one line naming the file."""
+    records, rel = records_of(out), row_rel(row, seed)
+    summary = records.summary(rel)
+    if summary is None:
         return None
-    summary = json.loads(run_dir.summary.read_text())
+    read_as_numbers = table_metrics(table)
+    for key in summary:
+        if key in read_as_numbers or evaluation_set(key) is not None or key in TASK_METRICS:
+            number(summary, key, records.where(rel, SUMMARY))
     if target(table) is not None:
-        summary["time_to_target_s"], summary["bytes_to_target"] = to_target(
-            run_dir, target(table), table.target_metric, table.better or implied_direction(table.target_metric))
+        summary["time_to_target_s"], summary["bytes_to_target"] = reached(
+            records.metrics(rel, "eval") or [], target(table), table.target_metric,
+            table.better or implied_direction(table.target_metric))
     return summary
 
 
-def read_runs(table: TableConfig, out: Path) -> dict[str, dict[int, Summary]]:
-    """Every finished reported run's summary: label -> seed -> summary."""
+def read_runs(table: TableConfig, out: RunsAt) -> dict[str, dict[int, Summary]]:
+    """Every finished reported run's summary: label -> seed -> summary. `out`: the table's folder,
+    or the runs a gather reads (tables/run_records.py)."""
+    records = records_of(out)
     runs: dict[str, dict[int, Summary]] = {}
     for row in table.rows:
-        found = {seed: run_summary(table, row, seed, out) for seed in table.seeds}
+        found = {seed: run_summary(table, row, seed, records) for seed in table.seeds}
         runs[row.label] = {s: v for s, v in found.items() if v is not None}
     return runs
 

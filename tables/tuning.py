@@ -64,17 +64,15 @@ chosen (`stale_setting`).
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import OmegaConf
-
 from core.rundir import RunDir
 from tables.measure import Better, is_proportion
+from tables.run_records import OVERRIDES, FolderRecords, RunRecords, RunsAt, number, parse_overrides, records_of
 from tables.stats import LEVEL, Difference, difference_se_floor
 
 Setting = tuple[tuple[str, Any], ...]  # ((key, value), ...) in the grid's key order
@@ -95,8 +93,13 @@ def setting_name(setting: Setting) -> str:
     return ",".join(f"{key}_{value}" for key, value in setting)
 
 
+def tune_rel(label: str, setting: Setting, seed: int) -> str:
+    """A tuning run's path in the table's folder (and store): `<label>/tune/<setting>/seed_<s>`."""
+    return f"{label}/tune/{setting_name(setting)}/seed_{seed}"
+
+
 def tune_dir(out: Path, label: str, setting: Setting, seed: int) -> RunDir:
-    return RunDir(out / label / "tune" / setting_name(setting) / f"seed_{seed}")
+    return RunDir(out / tune_rel(label, setting, seed))
 
 
 @dataclass(frozen=True)
@@ -151,13 +154,10 @@ class Tuned:
         return len(self.contenders) > 1
 
 
-def _summary(run: RunDir) -> Optional[dict[str, Any]]:
-    return json.loads(run.summary.read_text()) if run.summary.exists() else None
-
-
-def _value(summary: Optional[dict[str, Any]], metric: str) -> Optional[float]:
-    value = summary.get(metric) if summary else None
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+def _value(summary: Optional[dict[str, Any]], metric: str, where: object = "summary.json") -> Optional[float]:
+    """A tuning run's metric (None: no run, or not recorded); one line for a value not a number."""
+    value = number(summary, metric, where) if summary else None
+    return None if value is None else float(value)
 
 
 def _val_examples(summary: Optional[dict[str, Any]]) -> Optional[int]:
@@ -204,10 +204,12 @@ def _edge_flags(settings: list[Setting], candidates: list[Setting]) -> tuple[boo
     return min(values) in chosen, max(values) in chosen
 
 
-def choose(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[int], metric: str,
+def choose(out: RunsAt, label: str, grid: dict[str, list[Any]], seeds: list[int], metric: str,
            policy: Optional[TunePolicy] = None) -> Tuned:
     """The setting chosen from the tuning runs' summaries over `seeds` (see the module doc,
-    steps 1, 2, 4 and 5; `row_seeds` gives step 3's seeds)."""
+    steps 1, 2, 4 and 5; `row_seeds` gives step 3's seeds). `out`: the table's folder, or the runs
+    a gather reads (tables/run_records.py)."""
+    records = records_of(out)
     policy = replace(policy or TunePolicy(), metric=metric)
     settings = grid_settings(grid)
     by_setting: dict[Setting, dict[int, float]] = {}
@@ -216,14 +218,15 @@ def choose(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[int], 
     results: list[tuple[Setting, Optional[float], int]] = []
     failed: dict[Setting, list[int]] = {}  # the tuning seeds each setting diverged on (step 4)
     for setting in settings:
-        runs = {s: tune_dir(out, label, setting, s) for s in seeds}
-        summaries = {s: _summary(r) for s, r in runs.items()}  # each read once
-        values = {s: v for s, v in ((s, _value(d, metric)) for s, d in summaries.items()) if v is not None}
+        runs = {s: tune_rel(label, setting, s) for s in seeds}
+        summaries = {s: records.summary(r) for s, r in runs.items()}  # each read once
+        where = {s: records.where(r, "summary.json") for s, r in runs.items()}
+        values = {s: v for s, v in ((s, _value(d, metric, where[s])) for s, d in summaries.items()) if v is not None}
         if policy.tie_metric:
-            ties[setting] = {s: v for s, v in ((s, _value(d, policy.tie_metric)) for s, d in summaries.items())
-                             if v is not None}
+            ties[setting] = {s: v for s, v in ((s, _value(d, policy.tie_metric, where[s]))
+                                               for s, d in summaries.items()) if v is not None}
         sizes += [n for n in map(_val_examples, summaries.values()) if n]
-        if bad := [s for s, r in runs.items() if diverged(r, summaries[s])]:
+        if bad := [s for s, r in runs.items() if run_diverged(records, r, summaries[s])]:
             failed[setting] = bad
         complete = len(values) == len(seeds)
         if complete:
@@ -271,31 +274,25 @@ def choose(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[int], 
                  tie_means, n_val, low or high, set_aside, failed)
 
 
-def diverged(run: RunDir, summary: Optional[dict[str, Any]] = None) -> bool:
+def run_diverged(records: RunRecords, rel: str, summary: Optional[dict[str, Any]] = None) -> bool:
     """Whether a finished run ended no better than it began (step 4): its final validation loss is
     not finite, or not below its first logged training loss (the mean over its first steps, about
     the untrained model's loss: a network collapsed to a constant output sits there). False where
     either is not recorded: a missing run is step 1's business, not a divergence. `summary`: the
     run's summary.json where the caller has read it already."""
-    final = _value(summary if summary is not None else _summary(run), "val_loss")
+    summary = summary if summary is not None else records.summary(rel)
+    final = _value(summary, "val_loss", records.where(rel, "summary.json"))
     if final is None:
         return False
     if not math.isfinite(final):
         return True
-    first = _first_train_loss(run)
+    first = records.first_train_loss(rel)
     return first is not None and final >= first
 
 
-def _first_train_loss(run: RunDir) -> Optional[float]:
-    if not run.metrics.exists():
-        return None
-    with run.metrics.open() as lines:
-        for line in lines:
-            record = json.loads(line)
-            loss = record.get("loss") if record.get("kind") == "train" else None
-            if isinstance(loss, (int, float)) and not isinstance(loss, bool) and math.isfinite(loss):
-                return float(loss)
-    return None
+def diverged(run: RunDir, summary: Optional[dict[str, Any]] = None) -> bool:
+    """`run_diverged` of one run folder."""
+    return run_diverged(FolderRecords(run.root), ".", summary)
 
 
 def below_a_divergence(settings: list[Setting], failed: dict[Setting, list[int]],
@@ -323,7 +320,7 @@ def _break_tie(contenders: list[Setting], means: dict[Setting, float], tie_means
     return pool[0], ("best mean" if len(pool) == 1 else "grid order")
 
 
-def row_seeds(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[int], metric: str,
+def row_seeds(out: RunsAt, label: str, grid: dict[str, list[Any]], seeds: list[int], metric: str,
               policy: Optional[TunePolicy] = None) -> list[int]:
     """The tuning seeds a row's choice is made on (step 3): `seeds`, plus `policy.tie_seeds` when
     `seeds` is one seed and the settings that have results there are within noise of each other."""
@@ -339,7 +336,7 @@ def _next_point(edge: float, neighbour: float) -> float:
     return float(f"{edge * edge / neighbour:.3g}")
 
 
-def extend_grid(out: Path, label: str, grid: dict[str, list[Any]], seeds: list[int], metric: str,
+def extend_grid(out: RunsAt, label: str, grid: dict[str, list[Any]], seeds: list[int], metric: str,
                 limit: int, policy: Optional[TunePolicy] = None) -> tuple[dict[str, list[Any]], int]:
     """The row's grid with the points `tune_extend` adds (see the module doc), and how many it
     added. Stops at a point whose runs are not all there yet: the caller runs them and asks again."""
@@ -371,12 +368,12 @@ def stale_setting(run: RunDir, setting: Setting) -> Optional[str]:
     """Why a row's reported run directory does not belong to `setting` (None: it does, or it is
     empty): its recorded overrides (.hydra/overrides.yaml) give another value for a key of the
     setting, as after a grid extension changed a row's choice."""
-    path = run.root / ".hydra" / "overrides.yaml"
-    if not path.exists():
+    text = FolderRecords(run.root).text(".", OVERRIDES)  # (a run in progress has one too)
+    if text is None:
         return None
     recorded: dict[str, str] = {}
-    for item in OmegaConf.to_container(OmegaConf.load(path)) or []:
-        key, _, value = str(item).partition("=")
+    for item in parse_overrides(text, run.root / OVERRIDES):
+        key, _, value = item.partition("=")
         recorded[key] = value
     for key, value in setting:
         if key in recorded and recorded[key] != str(value):

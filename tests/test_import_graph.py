@@ -23,7 +23,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 FLOORS = {"core": 0, "data": 1, "models": 1, "dist_algos": 1, "engine": 2, "tables": 3, "cli": 4, "bench": 4}
 #: packages too heavy, or too rarely needed, to import before they are chosen
-HEAVY_OPTIONAL = ("ffcv", "nvidia.dali", "wandb", "matplotlib", "submitit", "deepspeed", "numba", "torchft")
+HEAVY_OPTIONAL = ("ffcv", "nvidia.dali", "wandb", "matplotlib", "submitit", "deepspeed", "numba", "torchft",
+                  "pyarrow")  # pyarrow: the tables' sealed stores (0.4 s on every cli.py start otherwise)
 #: Floors inside a package, lowest first, each a group of module prefixes: a prefix names a module
 #: and the modules under it, and the longest prefix naming a module places it. An import inside
 #: the package stays in its group or goes down.

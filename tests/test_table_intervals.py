@@ -295,7 +295,7 @@ def test_a_lower_is_better_headline_selects_compares_and_colours_the_right_way(t
     import matplotlib.pyplot as plt
 
     from tables.config import RowConfig, load_table, row_dir
-    from tables.plots import _differences_figure
+    from tables.plot_levels import differences_figure as _differences_figure
     from tables.runner import chosen, run_table
     from tables.tuning import tune_dir
 
@@ -347,7 +347,7 @@ def test_the_intervals_figure_draws_differences_on_their_own_scale(tmp_path: Pat
     import matplotlib.pyplot as plt
 
     from tables.config import TableConfig
-    from tables.plots import _differences_figure
+    from tables.plot_levels import differences_figure as _differences_figure
 
     def rec(label: str, diff: float, half: float, resolved: bool, method: str = "paired") -> dict[str, Any]:
         return {"label": label, "baseline": "a@" + label.partition("@")[2], "diff": diff, "diff_low": diff - half / 2,
@@ -395,7 +395,7 @@ def test_the_pareto_figure_lists_every_row_legibly_however_many(tmp_path: Path) 
     import matplotlib.pyplot as plt
 
     from tables.config import TableConfig
-    from tables.plots import _pareto_figure
+    from tables.plot_levels import pareto_figure as _pareto_figure
 
     # as in MNIST-1D's table: 27 methods on two partitions, the same bytes on both, 10 MB to 1.1 GB,
     # IID near the top, the skewed rows anywhere from 0.3 up

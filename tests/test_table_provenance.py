@@ -128,7 +128,7 @@ def test_a_table_store_carries_finished_runs_to_a_fresh_run_folder(tmp_path: Pat
     assert len(made) == 6 and [tmp_path / "one", store] in ignored
     assert sorted(p.parent.name + "/" + p.name for p in store.glob("*/seed_*")) == \
         sorted(f"{r}/seed_{s}" for r in accs for s in (1, 2, 3))
-    assert not list(store.glob("**/checkpoints")) and (store / "b" / "seed_2" / "metrics.jsonl").is_file()
+    assert not list(store.glob("**/checkpoints")) and (store / "b" / "seed_2" / "metrics.jsonl.xz").is_file()
     assert len((store / "jobs.jsonl").read_text().splitlines()) == 6
 
     # a fresh folder: everything is put back, nothing runs, the same table comes out

@@ -258,7 +258,7 @@ def test_interval_figure_colours_what_is_resolved_and_clips_bars_to_what_accurac
     import matplotlib.pyplot as plt
 
     from tables.config import TableConfig
-    from tables.plots import _intervals_figure, clipped_error
+    from tables.plot_levels import clipped_error, levels_figure as _intervals_figure
 
     assert clipped_error(0.98, 0.05) == pytest.approx((0.05, 0.02))
     assert clipped_error(0.03, 0.05) == pytest.approx((0.03, 0.05))
@@ -309,7 +309,7 @@ def assert_row_trains_the_task(table: Any, row: Any, rc: Any) -> None:
 
 
 def test_pareto_front_keeps_the_rows_no_other_beats_on_both() -> None:
-    from tables.plots import pareto_front
+    from tables.plot_levels import pareto_front
 
     points = [(10.0, 0.99), (1.0, 0.95), (5.0, 0.99), (0.0, 0.90), (5.0, 0.97), (20.0, 0.995), (30.0, 0.99)]
     assert pareto_front(points) == [3, 1, 2, 5]  # by increasing cost; (10, 0.99) ties (5, 0.99) at more cost

@@ -99,7 +99,8 @@ def test_batch_rule_in_table_md_and_the_figure_against_workers(tmp_path: Path) -
     """From written results: table.md states the batch rule; the figure's series are the methods,
     their points the counts with the mean and interval over seeds, one panel row per variant."""
     from tables.config import RowConfig, TableConfig, WorkersAxis, expand_rows, row_dir
-    from tables.plots import draw_table_plots, workers_series
+    from tables.plot_levels import workers_series
+    from tables.plots import draw_table_plots
     from tables.render import gather, render_markdown
 
     table = expand_rows(TableConfig(name="t", baseline="a", seeds=[0, 1], plots=["workers"],
