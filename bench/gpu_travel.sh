@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What travels to a lent GPU machine: the repository's tracked and untracked-not-ignored files, 64 MiB
-# a call with the carried wheels. The tables' stores (docs/results/*/store: every run's summary and
-# curves, 31 MiB on 2026-11-27 and growing) are not needed there and leave too little room for
+# a call with the carried wheels. The tables' stores (docs/results/*/store: every run's record
+# and curves, sealed: 15 MiB on 2026-12-07, 31 MiB loose before) are not needed there and leave too little room for
 # .whl (31 MiB) and DALI's pieces. `leave` takes them out of git's index and ignores them, for the
 # calls; their files stay untouched where they are. `restore` puts them back. Commit nothing between
 # the two: a commit made then would delete the stores from the history's next state.
