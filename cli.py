@@ -30,7 +30,7 @@ from core.errors import USER_ERROR_EXIT, UserError, report_user_errors
 from core.rundir import RunDir
 from core.schema import config_error_line
 from engine.config import register_schemas
-from engine.launch.job import start_job
+from engine.launch.job import check_output_dirs, start_job
 from engine.rank import entry
 from engine.usage import usage_text
 from tables import register_table_schema
@@ -79,8 +79,9 @@ if __name__ == "__main__":
     # Let composition errors reach us (instead of Hydra's multi-line report) to print one line.
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     try:
+        check_output_dirs(sys.argv[1:])  # before Hydra makes the run directory
         main()
-    except UserError as err:  # pragma: no cover - raised inside main is reported there
+    except UserError as err:  # a folder that cannot be made; one raised inside main is reported there
         print(f"syncopt: error: {err}", file=sys.stderr)
         sys.exit(USER_ERROR_EXIT)
     except (HydraException, OmegaConfBaseException) as err:

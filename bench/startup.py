@@ -3,11 +3,15 @@
 Two measurements, both of what a user pays for the runner on the default job (digits, small CNN,
 allreduce, 4 gloo ranks; bench/bare_ddp.py is the same work without the runner):
 
-- `pairs` (default): `python cli.py hydra.run.dir=TMP` and `python bench/bare_ddp.py --out TMP`
-  timed end to end (process start to exit), in alternating pairs (the first of a pair alternates,
-  so a machine that slows down or speeds up during the run burdens both alike); each pair gives
-  runner / bare, and the median of those ratios is the figure (target <= 1.0). Both runs' test
-  accuracy is printed beside the times, a check that both did the whole job.
+- `pairs` (default): three commands timed end to end (process start to exit) in rounds: the
+  default start, `python cli.py hydra.run.dir=TMP` (launch.launcher=auto: the ranks forked from
+  cli.py on one machine), DeepSpeed's launcher, `python cli.py launch.launcher=deepspeed
+  hydra.run.dir=TMP`, and `python bench/bare_ddp.py --out TMP`. Each round runs the three in an
+  order rotated by one from the round before, so that a machine that slows down or speeds up
+  during the run burdens each alike; each round gives default / bare, launcher / bare and
+  default / launcher, and the median of each over the rounds is the figure (target: default /
+  bare <= 1.0). Every run's test accuracy and loss are printed beside the times, a check that
+  each did the whole job (the two starts give the same run, to the last digit).
 - `imports`: one rank of each, a world of one, profiled with `python -X importtime` up to the end
   of its first step (the runner's rank is stopped there by `faults.kill=[0@1]`, the bare one by
   `--max-steps 1`), a few times each; the modules the runner's rank imports and the bare one does
@@ -56,14 +60,15 @@ PROJECT = ("cli", "core", "data", "models", "dist_algos", "engine", "bare_ddp")
 
 # ---- end to end ----------------------------------------------------------------------------------
 
-def timed(cmd: list[str], out: Path, summary: Path) -> tuple[float, float]:
-    """(wall seconds of the command, its run's test accuracy)."""
+def timed(cmd: list[str], out: Path, summary: Path) -> tuple[float, float, float]:
+    """(wall seconds of the command, its run's test accuracy, its test loss)."""
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=_env())
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         sys.exit(f"startup: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return wall, float(json.loads(summary.read_text())["test_acc"])
+    result = json.loads(summary.read_text())
+    return wall, float(result["test_acc"]), float(result["test_loss"])
 
 
 #: where both commands keep Python's compiled bytecode (None: as the environment says)
@@ -81,37 +86,47 @@ def _env() -> dict[str, str]:
     return env
 
 
-def runner_cmd(out: Path) -> list[str]:
-    return [PY, "cli.py", f"hydra.run.dir={out}"]
-
-
-def bare_cmd(out: Path) -> list[str]:
-    return [PY, "bench/bare_ddp.py", "--out", str(out)]
+#: the three commands of a round: the default start, DeepSpeed's launcher, the bare script
+COMMANDS = {
+    "default": lambda out: [PY, "cli.py", f"hydra.run.dir={out}"],
+    "launcher": lambda out: [PY, "cli.py", "launch.launcher=deepspeed", f"hydra.run.dir={out}"],
+    "bare": lambda out: [PY, "bench/bare_ddp.py", "--out", str(out)],
+}
+#: the ratios reported, each the median over rounds of (numerator's time / denominator's)
+RATIOS = (("default", "bare"), ("launcher", "bare"), ("default", "launcher"))
 
 
 def pairs(n: int, bytecode: str) -> dict[str, Any]:
+    """`n` rounds of the three commands (module docstring); the median ratios."""
     check_same_model()
+    kinds = list(COMMANDS)
     rows = []
     with tempfile.TemporaryDirectory(prefix="syncopt-startup-") as tmp:
         if bytecode == "cached":
             PYCACHE.append(str(Path(tmp) / "pycache"))
-            for kind, cmd in (("runner", runner_cmd), ("bare", bare_cmd)):  # fills the cache; not timed
-                timed(cmd(Path(tmp) / f"warm_{kind}"), Path(tmp), Path(tmp) / f"warm_{kind}" / "summary.json")
+            for kind in kinds:  # fills the cache (DeepSpeed's launcher has modules of its own); not timed
+                out = Path(tmp) / f"warm_{kind}"
+                timed(COMMANDS[kind](out), out, out / "summary.json")
         for i in range(n):
-            runs: dict[str, tuple[float, float]] = {}
-            for kind in (("runner", "bare") if i % 2 == 0 else ("bare", "runner")):
+            order = kinds[i % len(kinds):] + kinds[:i % len(kinds)]
+            runs: dict[str, tuple[float, float, float]] = {}
+            for kind in order:
                 out = Path(tmp) / f"{kind}_{i}"
-                cmd = runner_cmd(out) if kind == "runner" else bare_cmd(out)
-                runs[kind] = timed(cmd, out, out / "summary.json")
-            ratio = runs["runner"][0] / runs["bare"][0]
-            rows.append({"runner_s": round(runs["runner"][0], 2), "bare_s": round(runs["bare"][0], 2),
-                         "ratio": round(ratio, 3), "runner_test_acc": runs["runner"][1], "bare_test_acc": runs["bare"][1]})
-            print(f"pair {i + 1}/{n}: runner {runs['runner'][0]:6.2f} s (test_acc {runs['runner'][1]:.4f})  "
-                  f"bare {runs['bare'][0]:6.2f} s (test_acc {runs['bare'][1]:.4f})  runner/bare {ratio:.3f}", flush=True)
-    median = statistics.median(r["ratio"] for r in rows)
-    print(f"runner / bare, median of {n} pairs: {median:.3f}  (runner median {statistics.median(r['runner_s'] for r in rows):.2f} s, "
-          f"bare median {statistics.median(r['bare_s'] for r in rows):.2f} s)")
-    return {"bench": "startup", "bytecode": bytecode, "pairs": rows, "median_ratio": round(median, 3)}
+                runs[kind] = timed(COMMANDS[kind](out), out, out / "summary.json")
+            row: dict[str, Any] = {"order": order}
+            for kind, (wall, acc, loss) in runs.items():
+                row.update({f"{kind}_s": round(wall, 2), f"{kind}_test_acc": acc, f"{kind}_test_loss": loss})
+            for a, b in RATIOS:
+                row[f"{a}/{b}"] = round(runs[a][0] / runs[b][0], 3)
+            rows.append(row)
+            print(f"round {i + 1}/{n} ({' '.join(order)}): "
+                  + "  ".join(f"{k} {runs[k][0]:6.2f} s (test_acc {runs[k][1]:.4f}, loss {runs[k][2]:.6f})" for k in kinds)
+                  + "  " + "  ".join(f"{a}/{b} {row[f'{a}/{b}']:.3f}" for a, b in RATIOS), flush=True)
+    medians = {f"{a}/{b}": round(statistics.median(r[f"{a}/{b}"] for r in rows), 3) for a, b in RATIOS}
+    times = {k: round(statistics.median(r[f"{k}_s"] for r in rows), 2) for k in kinds}
+    print(f"medians of {n} rounds: " + ", ".join(f"{k} {v:.3f}" for k, v in medians.items())
+          + "  (times: " + ", ".join(f"{k} {v:.2f} s" for k, v in times.items()) + ")")
+    return {"bench": "startup", "bytecode": bytecode, "rounds": rows, "median_ratios": medians, "median_s": times}
 
 
 def check_same_model() -> None:
@@ -198,7 +213,7 @@ def _free_port() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", nargs="?", choices=("pairs", "imports"), default="pairs")
-    parser.add_argument("--pairs", type=int, default=4, help="alternating pairs of runs (pairs)")
+    parser.add_argument("--pairs", type=int, default=4, help="rounds of the three runs, in rotated order (pairs)")
     parser.add_argument("--bytecode", choices=("cached", "env"), default="cached",
                         help="cached = Python's bytecode cache on for both (a cache of the run's own, "
                              "filled by one untimed run of each); env = as this environment has it")

@@ -98,6 +98,26 @@ def current_attempt() -> int:
         return 0
 
 
+#: fields of a fault-log event that must be whole numbers where present (None allowed)
+_EVENT_INTEGERS = ("attempt", "step", "code", "rank")
+
+
+def event_problem(event: Any) -> Optional[str]:
+    """What makes a parsed line of the fault log no event (None: it is one): every event is an
+    object with its kind (`event`) and the time it was written, and numbers where numbers go."""
+    if not isinstance(event, dict):
+        return f"a JSON {type(event).__name__}, not an event object"
+    if not isinstance(event.get("event"), str):
+        return "no event name (\"event\")"
+    if not isinstance(event.get("time"), (int, float)) or isinstance(event.get("time"), bool):
+        return f"time={json.dumps(event.get('time'))} is not a number"
+    for key in _EVENT_INTEGERS:
+        value = event.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            return f"{key}={json.dumps(value)} is not a whole number"
+    return None
+
+
 class FaultLog:
     """`logs/faults.jsonl`: one JSON event per line, appended by the ranks (kill, stall, resume)
     and by the launching process (attempt, failure). Appends of one short line are atomic on a
@@ -107,16 +127,25 @@ class FaultLog:
         self.path = RunDir.of(run_dir).faults_log
 
     def events(self) -> list[dict[str, Any]]:
+        """The events in the order they were appended. A line that is not JSON was cut short by a
+        kill of its writer (the next append goes on after it) and is no event; a JSON line that is
+        not an event (edited by hand, another file's) is a `UserError` naming the line, as every
+        reader (restart-all, the ranks' injector, summary.json's counts) would trip over it."""
         try:
             lines = self.path.read_text().splitlines()
         except OSError:
             return []
         out = []
-        for line in lines:
+        for number, line in enumerate(lines, 1):
             try:
-                out.append(json.loads(line))
+                event = json.loads(line)
             except ValueError:  # a line cut short by a kill of the writer: not an event
                 continue
+            problem = event_problem(event)
+            if problem:
+                raise UserError(f"{self.path}, line {number}: {problem}; this file is syncopt's own record of the "
+                                "run's faults: restore the line, or delete the file to forget them")
+            out.append(event)
         return out
 
     def append(self, event: dict[str, Any]) -> None:
@@ -189,6 +218,7 @@ def stopped_message(run_dir: RunDir | Path) -> Optional[str]:
     """What to tell the user when the run left stopped.json (a stop with a checkpoint), else None."""
     marker = RunDir.of(run_dir).stopped
     if marker.exists():
-        reason = json.loads(marker.read_text()).get("reason")
+        record = read_json(marker)
+        reason = record.get("reason") if isinstance(record, dict) else f"{marker} unreadable"
         return f"stopped early ({reason}) with a checkpoint; run the same command to continue"
     return None

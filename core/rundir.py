@@ -22,6 +22,7 @@ storage) and the tools that read results (tables, tests). Its layout:
     checkpoints/step_<8 digits>/rank_<r>.pt, manifest.json
     checkpoints/best.json
     spread/step_<8 digits>.json  a checkpoint's workers read by `python -m engine.worker_spread`
+    ledger/rank_<r>/part_*.npz   the time ledger (`report.ledger=true`; engine/report/ledger.py)
 """
 from __future__ import annotations
 
@@ -66,6 +67,10 @@ class RunDir:
     @property
     def stop_request(self) -> Path:
         return self.root / "stop_request"
+
+    @property
+    def ledger(self) -> Path:
+        return self.root / "ledger"
 
     def spread_record(self, step: int) -> Path:
         return self.root / "spread" / f"step_{step:08d}.json"

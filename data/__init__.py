@@ -33,7 +33,7 @@ from data.split import train_split, validation_rule
 from data.stream import DataRequest, EvalStream, TrainStream
 
 __all__ = ["DATASETS", "DataConfig", "DataRequest", "DataSet", "DataStreams", "PathsConfig", "Pipeline",
-           "build_data", "build_streams", "check_data_on_disk", "data_spec", "load_data_config",
+           "build_data", "build_streams", "check_data_on_disk", "check_shares", "data_spec", "load_data_config",
            "num_train_samples", "register_configs", "register_dataset", "split_identity", "validation_enabled"]
 
 
@@ -83,7 +83,19 @@ def num_train_samples(cfg: DataConfig) -> Optional[int]:
     key, value = rule
     held = {"val_fraction": round(value * n), "val_count": int(value),
             "val_per_class": int(value) * (cfg.num_classes or dataset.num_classes)}[key]
-    return max(n - held, 0)
+    if held >= n:  # (what data.split would find on every rank)
+        raise UserError(f"data.{key}={value} leaves no training samples of the {n} in the training file of "
+                        f"data.name={cfg.name}; use a smaller data.{key}")
+    return n - held
+
+
+def check_shares(cfg: DataConfig, seed: int, num_shards: int, batch_size: int) -> None:
+    """Before launch, what every training rank would otherwise find alone on its first step:
+    the split and partition the ranks compute (validation against the training file, classes per
+    worker, a text's windows per rank and in the held-out blocks) and each rank's share of an
+    epoch against its batch (`DataSet.check_shares`); a one-line `UserError` for the first that
+    cannot work. `num_shards`: the training ranks; `batch_size`: samples per rank and step."""
+    DATASETS.get(cfg.name).check_shares(cfg, seed, num_shards, batch_size)
 
 
 def preload(cfg: DataConfig) -> None:

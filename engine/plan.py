@@ -10,17 +10,19 @@ plan from the same config and its real world, then hands it to the trainer.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from omegaconf import DictConfig
 
 from core.distenv import plan_devices, sharing_note, visible_gpus
 from core.errors import UserError
+from core.run_files import FaultLog
 from core.rundir import RunDir
+from core.schema import freeze
 from core.spec import DataSpec
 from core.task import Task, task_for
-from data import check_data_on_disk, data_spec, num_train_samples, split_identity, validation_enabled
+from data import check_data_on_disk, check_shares, data_spec, num_train_samples, split_identity, validation_enabled
 from dist_algos import get_algorithm
 from dist_algos.base import DistAlgorithm, HyperParams, RankLayout
 from models import check_buildable
@@ -29,6 +31,7 @@ from engine.checkpoint.resume import init_source, resume_candidates
 from engine.config import RunConfig, load_run_config
 from engine.ft.config import check_ft
 from engine.launch.config import Launcher, check_supervision, launch_shape
+from engine.launch.start import Start, announce, choose_start
 from engine.train.checkpointer import selection_metric
 from engine.train.faults import parse_faults
 from engine.train.optim import hyper_params, peak_lr, warmup_steps
@@ -111,22 +114,45 @@ def build_plan(config: RunConfig, run_dir: RunDir, world_size: int, ranks_per_no
 
 
 def preflight(raw: DictConfig, run_dir: RunDir) -> RunPlan:
-    """Every check that can be made before launching: the config's types, names and ranges, the
-    world size against the algorithm and the data set, the data on disk, and the checkpoint a
-    resume would load. Returns the plan for the launched world."""
+    """Every check that can be made before launching: the config's types, names and ranges, how
+    the ranks start (`launch.launcher=auto` decided), the world size against the algorithm and the
+    data set, the data on disk and each training rank's share of it (the split the ranks will
+    compute: `data.check_shares`), the model, and the checkpoint a resume would load. Returns the
+    plan for the launched world."""
     config = load_run_config(raw)
+    start = start_of(config)
+    config = with_launcher(config, start.launcher)
     world, per_node = launch_shape(config.launch)
     if config.launch.launcher == Launcher.none and config.launch.nproc != 1:
         raise UserError(f"launch.launcher=none trains in this one process; set launch.nproc=1 "
                         f"(not {config.launch.nproc}) or pick launch.launcher=deepspeed")
     check_supervision(config.launch, config.faults)
     plan = build_plan(config, run_dir, world, per_node)
+    if plan.resume_from:  # what a resumed run reads back: a hand-edited fault log is one line here
+        FaultLog(run_dir).events()
+    check_data_on_disk(config.data)
+    check_shares(config.data, config.seed, max(plan.num_train_ranks, 1), plan.batch.per_rank)  # as the ranks will split
     check_buildable(config.model, plan.spec)
     warn_endless_warmup(plan)
     warn_no_validation(config)
-    check_data_on_disk(config.data)
     announce_devices(config, per_node)  # last: a refused run's error is its only line, on a GPU machine too
+    announce(start)
     return plan
+
+
+def start_of(config: RunConfig) -> Start:
+    """How the run's ranks start: `launch.launcher=auto` decided (engine/launch/start.py: fork on
+    one machine, DeepSpeed's launcher for what forking cannot carry, one unsupervised rank here);
+    an explicit launcher kept (fork checked)."""
+    supervised = config.faults.active or config.launch.max_restarts > 0
+    return choose_start(config.launch, config.ft.enabled, supervised)
+
+
+def with_launcher(config: RunConfig, launcher: Launcher) -> RunConfig:
+    """The config with `launch.launcher` set to the start chosen (the plan's, and the ranks')."""
+    if launcher == config.launch.launcher:
+        return config
+    return freeze(replace(config, launch=replace(config.launch, launcher=launcher)))
 
 
 def warn_no_validation(config: RunConfig) -> None:

@@ -5,14 +5,19 @@ the whole composed config, and lists every file of every config group, including
 that only hold settings other recipes share. This help names the tool, the options people
 change most, and the runnable recipes and tables, read from the config tree and the registries
 so that it never goes stale.
+
+Which recipes are runnable is what each file declares, not a guess from who includes it (a
+guess once hid recipe=lm/shakespeare_cpu, the README's language-model command): a file that only
+holds settings other recipes share says so, either by its name (`_*.yaml`) or by a line
+`# syncopt: partial` (`PARTIAL`) with what it is shared by; every other recipe is listed.
 """
 from __future__ import annotations
 
-import re
 import textwrap
 from pathlib import Path
 
 from data import DATASETS
+from engine.launch.start import AUTO_RULE
 from dist_algos import ALGORITHMS
 from models import MODELS
 
@@ -30,6 +35,7 @@ Most-used options:
   optim=sgd|adamw optim.lr=LR sched=constant|cosine|step|multistep
   train.epochs=N train.batch_size=B seed=S
   launch.nproc=N              ranks on this machine (4 on a CPU machine, one per GPU)
+  launch.launcher=auto        {start_rule}
   launch.hostfile=PATH        several machines (docs/multinode.md)
   launch.max_restarts=N       re-launch a failed job from its last checkpoint, up to N times
   faults.kill=[RANK@STEP]     inject failures: kill, stall=[R@S:SEC], mtbf_s (docs/faults.md)
@@ -42,21 +48,23 @@ Most-used options:
 """
 
 
+#: the line a recipe that only holds settings other recipes share carries (or its name starts with `_`)
+PARTIAL = "# syncopt: partial"
+
+
+def is_partial(path: Path) -> bool:
+    """Whether the recipe declares itself partial: named `_*`, or a line starting with `PARTIAL`."""
+    return path.stem.startswith("_") or any(line.startswith(PARTIAL) for line in path.read_text().splitlines())
+
+
 def recipe_names(recipes: Path) -> dict[str, list[str]]:
-    """Runnable recipes per folder: not the tables, not files named `_*`, and not the partial
-    files that hold settings other recipes share (included by another recipe, choosing no
-    algorithm themselves)."""
-    included: set[str] = set()
-    for path in recipes.rglob("*.yaml"):
-        for ref in re.findall(r"^\s*-\s*(?:/?recipe/)?([\w]+/[\w]+)\s*$", path.read_text(), re.M):
-            included.add(ref)
+    """Runnable recipes per folder: every recipe file but the tables and those that declare
+    themselves partial (`is_partial`)."""
     found: dict[str, list[str]] = {}
     for path in sorted(recipes.glob("*/*.yaml")):
-        folder, name = path.parent.name, path.stem
-        partial = f"{folder}/{name}" in included and not re.search(r"^\s*-\s*override /algo:", path.read_text(), re.M)
-        if folder == "tables" or name.startswith("_") or partial:
+        if path.parent.name == "tables" or is_partial(path):
             continue
-        found.setdefault(folder, []).append(name)
+        found.setdefault(path.parent.name, []).append(path.stem)
     return found
 
 
@@ -66,7 +74,7 @@ def table_names(tables: Path) -> list[str]:
 
 def usage_text(conf: Path) -> str:
     text = USAGE.format(algos=", ".join(ALGORITHMS.names()), models=", ".join(MODELS.names()),
-                        datasets=", ".join(DATASETS.names()))
+                        datasets=", ".join(DATASETS.names()), start_rule=AUTO_RULE)
     lines = ["Recipes (recipe=FOLDER/NAME; each folder's README.md explains them):"]
     recipes = recipe_names(conf / "recipe")
     # the names start in one column, past the longest folder name (at least the usual 10)

@@ -14,7 +14,9 @@ from models import MODELS
 from tests.support.harness import CONF, compose
 
 REPO = CONF.parent
-GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("recipe", "table", "local", "hydra"))
+# (cluster presets are read by projection/, not by a run: tests/test_projection_cluster.py composes them)
+GROUPS = sorted(p.name for p in CONF.iterdir()
+                if p.is_dir() and p.name not in ("recipe", "table", "local", "hydra", "cluster"))
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
 # options built from the registries, no YAML: data sets, algorithms, models
 OPTIONS += [("data", name) for name in DATASETS.names()]
@@ -57,7 +59,7 @@ def test_default_is_the_embedded_digits_job(gpus: int, device: str, nproc: int, 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     cfg = compose([f"dist.device={device}"], tmp_path)
     assert (cfg.data.name, cfg.algo.name, cfg.model["name"], cfg.launch.nproc, cfg.launch.launcher) == \
-        ("digits", "allreduce", "small_cnn", nproc, "deepspeed")
+        ("digits", "allreduce", "small_cnn", nproc, "auto")
     assert cfg.resume == "auto"
 
 

@@ -31,7 +31,7 @@ def newest_complete(run_dir: Path) -> ckpt.Manifest | None:
 
 def test_kill_9_of_a_worker_ends_the_job_naming_it_and_resume_continues(cli_env: dict, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = start_cli([*LONG, f"hydra.run.dir={run_dir}"], cli_env)
+    proc = start_cli([*LONG, "launch.launcher=deepspeed", f"hydra.run.dir={run_dir}"], cli_env)
     try:
         wait_for(lambda: (m := newest_complete(run_dir)) is not None and m.step >= 40, 240, "two checkpoints")
         pid = int((run_dir / "logs" / "rank_1.pid").read_text().split()[0])

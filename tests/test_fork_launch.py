@@ -36,6 +36,7 @@ ALGOS = {
     "dgs": ["algo=dgs", "algo.serving=round_robin"],
 }
 FORK = ["launch.launcher=fork"]
+LAUNCHER = ["launch.launcher=deepspeed"]  # (forked is the default on one machine: launch.launcher=auto)
 
 
 def final_states(run_dir: Path, world: int) -> list[dict]:
@@ -78,7 +79,7 @@ def test_local_sgd_stopped_under_the_launcher_and_resumed_forked_ends_as_the_for
     args = [*SHORT, *ALGOS["local_sgd"], "launch.nproc=2"]
     run_ok([*args, *FORK, f"hydra.run.dir={tmp_path / 'fork'}"], cli_env)
     run_dir = tmp_path / "launcher_then_fork"
-    run_ok([*args, "train.stop_after=5", f"hydra.run.dir={run_dir}"], cli_env)
+    run_ok([*args, *LAUNCHER, "train.stop_after=5", f"hydra.run.dir={run_dir}"], cli_env)
     assert newest_complete(run_dir).step == 5
     run_ok([*args, *FORK, f"hydra.run.dir={run_dir}"], cli_env)
     assert json.loads((run_dir / "summary.json").read_text())["resumed_from"] == 5
@@ -100,7 +101,9 @@ def test_sixteen_forked_ranks_end_as_sixteen_ranks_the_harness_starts(cli_env: d
 
 
 def assert_same_runs(args: list[str], world: int, cli_env: dict, tmp_path: Path) -> None:
-    run_ok([*args, f"hydra.run.dir={tmp_path / 'launcher'}"], cli_env)
+    launched = run_ok([*args, *LAUNCHER, f"hydra.run.dir={tmp_path / 'launcher'}"], cli_env)
+    output = launched.stdout + launched.stderr
+    assert "[WARNING]" not in output and "Unable to find hostfile" not in output, "DeepSpeed must stay quiet"
     run_ok([*args, *FORK, f"hydra.run.dir={tmp_path / 'fork'}"], cli_env)
     assert_same_results(tmp_path / "launcher", tmp_path / "fork", world)
 

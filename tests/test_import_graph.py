@@ -49,11 +49,11 @@ INNER_FLOORS: dict[str, list[tuple[str, ...]]] = {
     ],
     "engine": [
         # the parts and their config sections: checkpoint format, reports, the trainer's
-        # components, what the plan reads of launching (section, hostfile, network, commands),
+        # components, what the plan reads of launching (section, hostfile, network, commands, start),
         # the `ft` section, usage
         ("engine.checkpoint", "engine.report", "engine.train", "engine.launch.config", "engine.launch.hostfile",
          "engine.launch.network", "engine.launch.node_group", "engine.launch.procs", "engine.launch.remote",
-         "engine.launch.commands", "engine.ft", "engine.ft.config", "engine.usage"),
+         "engine.launch.commands", "engine.launch.start", "engine.ft", "engine.ft.config", "engine.usage"),
         ("engine.config",),  # the run's sections together
         ("engine.plan",),  # what is decided before training
         # inside a rank | in the launching process | a command reading a finished run

@@ -22,6 +22,7 @@ from core.errors import UserError
 from core.spec import DataSpec, ImageSpec
 from data.config import DataConfig, Partition, Pipeline
 from data.samples.base import Samples
+from data.split import train_split
 from data.device_augment import DeviceAugment
 
 #: `data.*` options that only some sets read (`DataSet.reads`)
@@ -43,6 +44,13 @@ class KeyedDraws:
 
 
 NO_DRAWS = KeyedDraws()  # a graph with nothing random
+
+
+def check_epoch_share(name: str, per_shard: int, num_shards: int, batch_size: int) -> None:
+    """A training rank reads `per_shard` samples (or windows) an epoch: at least one batch."""
+    if per_shard < batch_size:
+        raise UserError(f"train.batch_size={batch_size} x {num_shards} training ranks is more than the "
+                        f"{per_shard * num_shards} training samples of {name}; use fewer ranks or a smaller batch")
 
 
 class DataSet(ABC):
@@ -103,6 +111,30 @@ class DataSet(ABC):
     def num_train_samples(self, cfg: DataConfig) -> Optional[int]:
         """Training-set size when it is known without reading the data (launch-time checks)."""
         return None
+
+    # ---- what the plan checks before launch --------------------------------------------------
+    def plan_labels(self, cfg: DataConfig) -> Optional[np.ndarray]:
+        """The training file's labels as the plan can know them before launch, or None. The split's
+        sizes (validation per class, each rank's pool, `data.split`) depend only on how many
+        samples each class has, never on their order, so declared class sizes serve as well as
+        the file's labels (CIFAR's official 5,000 a class); a set held in memory gives its own."""
+        return None
+
+    def check_shares(self, cfg: DataConfig, seed: int, num_shards: int, batch_size: int) -> None:
+        """Refuse before launch (one line) what a training rank would refuse on its first step:
+        the split the ranks compute (`data.split.train_split`: validation sizes against the
+        training file, classes per worker against its classes, a Dirichlet partition's smallest
+        share against the batch), computed here from `plan_labels`, and each rank's share of an
+        epoch against its batch. Without labels, what the set declares (its classes)."""
+        labels = self.plan_labels(cfg)
+        if labels is None:
+            classes = cfg.num_classes or self.num_classes
+            if cfg.partition == Partition.classes and cfg.classes_per_worker > classes:
+                raise UserError(f"data.classes_per_worker={cfg.classes_per_worker} is more than the {classes} classes "
+                                f"of data.name={self.name}; use at most {classes}")
+            return
+        split = train_split(labels, cfg, seed, num_shards, batch_size)
+        check_epoch_share(self.name, split.plan.per_shard, num_shards, batch_size)
 
     # ---- on disk -----------------------------------------------------------------------------
     @abstractmethod

@@ -63,6 +63,16 @@ def load_digits_split(test_fraction: float, split_seed: int) -> tuple[torch.Tens
     return x[train].contiguous(), y[train].contiguous(), x[test].contiguous(), y[test].contiguous()
 
 
+def train_labels(test_fraction: float, split_seed: int) -> np.ndarray:
+    """The training split's labels, as `load_digits_split` orders them, without its images: the
+    plan reads them in the launching process, whose torch runs on one thread before a fork, and
+    images normalised there (a float reduction) and cached could differ in the last bit from
+    those a rank computes on its own threads."""
+    _, labels = read_bundled_digits()
+    perm = torch.randperm(NUM_SAMPLES, generator=torch.Generator().manual_seed(split_seed))
+    return labels[perm[:split_sizes(test_fraction)[0]].numpy()]
+
+
 def _copy(images: torch.Tensor) -> torch.Tensor:
     return images.clone()  # FFCV reuses its batch buffers
 
@@ -83,6 +93,9 @@ class Digits(DataSet):
 
     def check_on_disk(self, cfg: DataConfig) -> None:
         """Nothing to check: scikit-learn carries the data."""
+
+    def plan_labels(self, cfg: DataConfig) -> Optional[np.ndarray]:
+        return train_labels(cfg.test_fraction, cfg.split_seed)
 
     def samples(self, cfg: DataConfig, split: str) -> TensorSamples:
         x_tr, y_tr, x_te, y_te = load_digits_split(cfg.test_fraction, cfg.split_seed)

@@ -75,6 +75,10 @@ class Mnist1D(DataSet):
     def check_on_disk(self, cfg: DataConfig) -> None:
         """Nothing to check: the set is generated."""
 
+    def plan_labels(self, cfg: DataConfig) -> Optional[np.ndarray]:
+        """The generated training part's labels (generated once here: forked ranks share them)."""
+        return self.arrays(cfg)[1][:split_sizes(cfg)[0]]
+
     def preload(self, cfg: DataConfig) -> None:
         """Generate the set once for ranks forked from this process (numpy, one thread, the same
         bits anywhere): 64 ranks each generating 70,000 samples took 64 x 0.7 GB at once here

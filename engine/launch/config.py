@@ -1,8 +1,9 @@
 """The `launch` config section: how cli.py starts the ranks when it is not itself one.
 
-One machine: `launch.nproc` ranks through DeepSpeed's launcher (or torchrun), or forked from
-cli.py itself (`launch.launcher=fork`: the same ranks without an interpreter, a Hydra
-composition and the imports per rank; engine/launch/fork.py). Several machines:
+One machine: `launch.nproc` ranks forked from cli.py itself (`launch.launcher=auto`, the default,
+or `fork`: the same ranks as DeepSpeed's launcher starts, without an interpreter, a Hydra
+composition and the imports per rank; engine/launch/fork.py), or through DeepSpeed's launcher
+(`deepspeed`) or torchrun; engine/launch/start.py decides what `auto` starts. Several machines:
 `launch.hostfile` (DeepSpeed's format, see hostfile.example) through DeepSpeed's multi-node
 runner, over pdsh and ssh by default, or with `launch.no_ssh=true` by running the same command on
 every node with its `launch.node_rank` (what slurm/syncopt.sbatch does). docs/multinode.md has
@@ -27,6 +28,8 @@ CPU_DEFAULT_NPROC = 4
 
 
 class Launcher(enum.StrEnum):
+    # fork on one machine, DeepSpeed's launcher where forking cannot carry the run (engine/launch/start.py)
+    auto = "auto"
     deepspeed = "deepspeed"
     torchrun = "torchrun"
     # one machine's ranks forked from cli.py once it has planned and imported (copy-on-write):
@@ -50,7 +53,7 @@ DEFAULT_EXPORT_ENV = ["OMP_", "MKL_", "NCCL_", "GLOO_", "TP_SOCKET_IFNAME", "TOR
 
 @dataclass
 class LaunchConfig(Section):
-    launcher: Launcher = Launcher.deepspeed
+    launcher: Launcher = Launcher.auto
     # ranks per node; null: one per GPU on a GPU machine, 4 on a CPU machine, a hostfile's slots
     nproc: Optional[int] = option(None, ge=1)
     master_addr: Optional[str] = None  # null: 127.0.0.1, or the first host of the hostfile
@@ -95,7 +98,7 @@ def _check_multi_node(launch: LaunchConfig) -> None:
             if value is not None:
                 raise UserError(f"launch.{key}={value} needs launch.hostfile=PATH (see hostfile.example)")
         return
-    if launch.launcher != Launcher.deepspeed:
+    if launch.launcher not in (Launcher.deepspeed, Launcher.auto):
         raise UserError(f"launch.hostfile goes through DeepSpeed's multi-node runner; "
                         f"use launch.launcher=deepspeed (not {launch.launcher})")
     if launch.include and launch.exclude:
@@ -124,7 +127,7 @@ def _check_network(launch: LaunchConfig, device: str = "auto") -> None:
             raise UserError(f"launch.network.{unused[0]} is set but launch.network.kind=none; add "
                             "launch.network.kind=emulated to emulate the cluster, or drop it")
         return
-    if launch.hostfile or launch.launcher != Launcher.deepspeed:
+    if launch.hostfile or launch.launcher not in (Launcher.deepspeed, Launcher.auto):
         what = f"launch.hostfile={launch.hostfile}" if launch.hostfile else f"launch.launcher={launch.launcher}"
         raise UserError(f"launch.network emulates nodes on this machine through DeepSpeed's launcher; "
                         f"it cannot be combined with {what}")

@@ -24,8 +24,10 @@ others and exits with that code (a negative signal number as Python's `sys.exit`
 Fork safety (a child of a multi-threaded process inherits only the forking thread; a lock another
 thread held stays locked forever in the child): cli.py calls `prepare_parent` before it plans
 anything (GPUs counted through NVML, so CUDA stays uninitialised; torch on one thread, so no
-OpenMP pool is started before the fork) and `check_fork_safe` refuses a fork from a process with
-another Python thread, CUDA initialised or a process group, naming what is there. Each rank sets
+OpenMP pool is started before the fork); the plan forks only from a process with no other Python
+thread, no CUDA initialised and no process group (engine/launch/start.py: `launch.launcher=auto`
+starts DeepSpeed's launcher instead, an explicit fork is refused in one line), and
+`check_fork_safe` checks it again at the fork. Each rank sets
 its thread count from OMP_NUM_THREADS (the machine's cores / its ranks, as under the launcher:
 `engine.rank.entry.main` calls torch.set_num_threads), starts its torch, Python and numpy random
 state as a new interpreter would, and flushes and leaves through `os._exit` so that nothing of
@@ -38,7 +40,6 @@ import os
 import random
 import signal
 import sys
-import threading
 import time
 from types import FrameType
 from typing import Callable, Optional
@@ -46,10 +47,10 @@ from typing import Callable, Optional
 import numpy as np
 import psutil
 import torch
-import torch.distributed
 
 from core.stop_signals import STOP_SIGNALS
 from engine.launch.commands import forked_rank_env
+from engine.launch.start import fork_blocker
 
 #: seconds between a rank's failure and the killing of the others (see `_lead`)
 FAILED_RANK_GRACE_S = 1.0
@@ -63,16 +64,19 @@ RankBody = Callable[[], int]
 _FRESH_TORCH_RNG = torch.get_rng_state()
 
 
-def prepare_parent() -> None:
-    """Make this process fit to fork ranks from, before it plans anything (cli.py calls it first
-    with launch.launcher=fork): count GPUs through NVML, not the CUDA runtime (which initialises
-    the driver, after which a forked child cannot use CUDA); run torch on one thread here, so that
-    no parallel region before the fork starts OpenMP's pool (GNU libgomp's children hang in their
-    first parallel region when the parent had one). Each rank sets its own count from
-    OMP_NUM_THREADS (engine.rank.entry.main), as a launched rank does; nothing this process
-    computes with torch reaches a rank (the ranks plan again; the preloaded data is numpy's)."""
+def prepare_parent() -> int:
+    """Make this process fit to fork ranks from, before it plans anything (engine/launch/job.py
+    calls it first with launch.launcher=fork or auto); returns torch's thread count before, which
+    a run that is not forked after all takes back. Count GPUs through NVML, not the CUDA runtime
+    (which initialises the driver, after which a forked child cannot use CUDA); run torch on one
+    thread here, so that no parallel region before the fork starts OpenMP's pool (GNU libgomp's
+    children hang in their first parallel region when the parent had one). Each rank sets its
+    own count from OMP_NUM_THREADS (engine.rank.entry.main), as a launched rank does; nothing this
+    process computes with torch reaches a rank (the ranks plan again; the preloaded data is numpy's)."""
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    return threads
 
 
 #: modules a rank imports lazily on its way to its first step, which cli.py has not imported by
@@ -89,22 +93,13 @@ def import_rank_modules() -> None:
 
 
 def check_fork_safe() -> None:
-    """Refuse to fork ranks from a process whose state a child cannot use: a Python thread besides
-    this one (whose locks, logging's or tqdm's, the children would inherit held), CUDA initialised,
-    a process group. A bug of the caller, not of the user's input: RuntimeError naming what is
-    there. (Native pools that handle fork themselves may run: numpy's and SciPy's OpenBLAS shut
-    theirs down around a fork with pthread_atfork; OpenMP's is kept from starting by
-    `prepare_parent`.)"""
-    others = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
-    if others:
-        raise RuntimeError(f"launch.launcher=fork: cli.py has started {len(others)} thread(s) ({', '.join(others[:4])}) "
-                           "before forking the ranks: forking now could deadlock the ranks on a lock one of "
-                           "them holds")
-    if torch.cuda.is_initialized():
-        raise RuntimeError("launch.launcher=fork: CUDA is initialised in cli.py before forking the ranks, "
-                           "which cannot use it then; nothing before the launch may touch a GPU")
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        raise RuntimeError("launch.launcher=fork: a process group exists in cli.py before forking the ranks")
+    """Refuse to fork ranks from a process whose state a child cannot use (`engine.launch.start.
+    fork_blocker`: another Python thread, CUDA initialised, a process group). The plan has chosen
+    the fork in this state already (`choose_start`), so this is a bug of the caller, not of the
+    user's input: RuntimeError naming what is there."""
+    blocked = fork_blocker()
+    if blocked:
+        raise RuntimeError(f"launch.launcher=fork: {blocked}, before forking the ranks")
 
 
 class ForkedRanks:

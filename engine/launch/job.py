@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Optional
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import UserError, report_user_errors
+from core.user_paths import creatable_problem
 from core.run_files import stopped_message
 from core.rundir import RunDir
 from data import preload as preload_data
@@ -40,24 +43,19 @@ def start_job(cfg: DictConfig, run_dir: RunDir, task_overrides: Sequence[str], h
     supervise them to the end; the job's exit code. `task_overrides`: the command line's config
     overrides (every launched rank composes the same config from them); `hydra_overrides`: its
     hydra.* ones (a multi-node run without ssh must name its shared run directory)."""
-    if cfg.launch.launcher == Launcher.fork:
-        prepare_parent()  # before anything touches torch: the ranks are forked from this process
-    overrides = list(task_overrides)
     with report_user_errors():
         if cfg.launch.no_ssh and not any(o.startswith("hydra.run.dir=") for o in hydra_overrides):
             raise UserError("launch.no_ssh=true: give hydra.run.dir=PATH, the same on every node "
                             "(on storage they share), so that all nodes write one run")
-        plan = preflight(cfg, run_dir)  # (its last line, on a GPU machine, says how ranks share the GPUs)
+        plan = plan_for_start(cfg, run_dir)
         launch_cfg = plan.config.launch
-        if plan.config.ft.enabled and launch_cfg.launcher == Launcher.fork:
-            raise UserError("launch.launcher=fork cannot be combined with ft.enabled=true (fault-tolerant mode "
-                            "starts and restarts every replica as its own process); use launch.launcher=deepspeed")
+        overrides = with_start(cfg, list(task_overrides), launch_cfg.launcher)
         lock = RunLock(run_dir)
         # node 0's cli.py owns a shared directory (in fault-tolerant mode over ssh, the one pdsh starts there)
         over_ssh = bool(plan.config.ft.enabled and launch_cfg.hostfile and not launch_cfg.no_ssh)
         if not (launch_cfg.no_ssh and launch_cfg.node_rank) and not over_ssh:
             lock.acquire()  # held until the run ends
-        save_hydra_record(run_dir, cfg, overrides)
+        save_hydra_record(run_dir, cfg, list(task_overrides))  # (the command line's own overrides)
     code = _run(plan, cfg, run_dir, overrides, over_ssh, rank_main, rank_exit)
     lock.release()
     note = stopped_message(run_dir) if code == 0 else None
@@ -85,6 +83,53 @@ def _run(plan: RunPlan, cfg: DictConfig, run_dir: RunDir, overrides: list[str], 
     if plan.config.launch.launcher == Launcher.fork:
         preload_data(plan.config.data)  # once here, shared by the forked ranks
     return launch_with_restarts(plan, run_dir, overrides, rank_body)
+
+
+def plan_for_start(cfg: DictConfig, run_dir: RunDir) -> RunPlan:
+    """`preflight`, in a process made fit to fork ranks from first wherever the plan may fork them
+    (launch.launcher=fork or auto: `prepare_parent`, before anything touches torch); a run that is
+    not forked after all, or is refused, gets this process's own torch thread count back."""
+    threads = prepare_parent() if str(cfg.launch.launcher) in (Launcher.fork, Launcher.auto) else None
+    plan: Optional[RunPlan] = None
+    try:
+        plan = preflight(cfg, run_dir)  # (its last line, on a GPU machine, says how ranks share the GPUs)
+        return plan
+    finally:
+        if threads is not None and (plan is None or plan.config.launch.launcher != Launcher.fork):
+            torch.set_num_threads(threads)
+
+
+def with_start(cfg: DictConfig, overrides: list[str], launcher: Launcher) -> list[str]:
+    """Hand the start the plan chose (`launch.launcher=auto` decided) to the ranks, so that every
+    rank's config.yaml records how the run was started: in the composed config a forked rank or
+    this process trains with, and in the overrides a launched rank composes its config from."""
+    OmegaConf.update(cfg, "launch.launcher", str(launcher))
+    kept = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] != "launch.launcher"]
+    return [*kept, f"launch.launcher={launcher}"]
+
+
+#: where Hydra puts a run, and a multirun's jobs, when the command line does not say (conf/config.yaml)
+DEFAULT_OUTPUT = {"hydra.run.dir": "runs", "hydra.sweep.dir": "runs/multirun"}
+#: Hydra's flags for a command that prints and exits, making no run directory
+PRINT_ONLY = ("--cfg", "-c", "--info", "-i", "--hydra-help", "--shell-completion", "-sc")
+
+
+def check_output_dirs(argv: Sequence[str]) -> None:
+    """The folder the command will write to (hydra.run.dir, or hydra.sweep.dir with -m) can be
+    made, checked from cli.py's arguments before Hydra makes it: a folder that cannot be ends in
+    one line naming it (core.user_paths), not in the traceback of Hydra's own mkdir. A value
+    with an interpolation (${now:...}) is checked up to it. A command that only prints (--cfg,
+    --info) writes nothing and is not checked."""
+    if any(a.split("=", 1)[0] in PRINT_ONLY for a in argv):
+        return
+    key = "hydra.sweep.dir" if any(a in ("-m", "--multirun") for a in argv) else "hydra.run.dir"
+    given = [a.split("=", 1)[1] for a in argv if a.lstrip("+").split("=", 1)[0] == key and "=" in a]
+    value = given[-1] if given else DEFAULT_OUTPUT[key]
+    fixed = value.split("${", 1)[0]
+    fixed = fixed if fixed.endswith("/") or fixed == value else str(Path(fixed).parent)
+    problem = creatable_problem(Path(fixed or "."))
+    if problem:
+        raise UserError(f"{key}={value}: {problem}; give {key}=PATH, a folder this user can write")
 
 
 def save_hydra_record(run_dir: RunDir, cfg: DictConfig, overrides: list[str]) -> None:

@@ -57,8 +57,7 @@ class MetricsLog:
             if path.exists():
                 path.unlink()
         elif path.exists():
-            kept = [ln for ln in path.read_text().splitlines()
-                    if ln.strip() and json.loads(ln).get("step", 0) <= resume_step]
+            kept = [ln for ln in path.read_text().splitlines() if _kept_on_resume(ln, resume_step)]
             path.write_text("".join(ln + "\n" for ln in kept))
         self._fh = open(path, "a", buffering=1)
 
@@ -67,6 +66,18 @@ class MetricsLog:
 
     def close(self) -> None:
         self._fh.close()
+
+
+def _kept_on_resume(line: str, resume_step: int) -> bool:
+    """A line of the log to keep when resuming at `resume_step`: a record up to that step. A line
+    cut short by a kill of its writer, or that is no record (edited by hand), is dropped rather
+    than taken for one, so that the resumed run's log reads back."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False
+    step = record.get("step", 0) if isinstance(record, dict) else None
+    return isinstance(step, (int, float)) and not isinstance(step, bool) and step <= resume_step
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
