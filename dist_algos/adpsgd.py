@@ -32,6 +32,7 @@ before launch in one line.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import threading
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ import torch.nn as nn
 
 from dist_algos import register_algorithm
 from dist_algos.comm import p2p
+from dist_algos.comm.accounting import CommStats, now
+from dist_algos.comm.pattern import MAIN, CommOp, OpKind, ParamLayout, PatternConfig, pair
 from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, Scenario, StepContext, TrainInfo
 from dist_algos.consensus.average import average_model_, average_model_copy
 from dist_algos.comm.flat import FlatBuffer
@@ -53,6 +56,24 @@ from core.errors import UserError
 REQUEST, STOP = 0, 1
 HEADER, MODEL_TO_PASSIVE, MODEL_TO_ACTIVE = 0, 1, 2  # message tags
 IDLE_TIMEOUT = datetime.timedelta(days=7)  # a passive rank may wait long for the next request
+THREAD = "adpsgd-comm"  # the communication thread's name (the time ledger's `thread`)
+
+
+def pair_ops(nbytes: int, partner: int, active: bool, thread: str = MAIN) -> list[CommOp]:
+    """One pairwise average's messages in issue order: the active rank sends its model, then
+    receives its partner's; the passive rank the other way round (synchronous mode: both send
+    first). On the thread, nothing the training thread waits for."""
+    send = CommOp(OpKind.SEND, pair(partner), 2, nbytes, nbytes, thread == MAIN, thread)
+    recv = CommOp(OpKind.RECV, pair(partner), 2, nbytes, 0, thread == MAIN, thread, recv_bytes=nbytes)
+    return [send, recv] if active else [recv, send]
+
+
+def record_exchange(comm: CommStats, nbytes: int, partner: int, active: bool, issued: float,
+                    thread: str = MAIN) -> None:
+    completed = now()
+    for op in pair_ops(nbytes, partner, active, thread):
+        comm.record(op, issued, completed)
+    comm.add(syncs=1)
 
 
 @dataclass
@@ -78,7 +99,7 @@ class PairwiseAverager:
         self.error: Optional[BaseException] = None
         self.exchanges = 0
         self._thread = threading.Thread(target=self._run_active if self.active else self._run_passive,
-                                        name="adpsgd-comm", daemon=True)
+                                        name=THREAD, daemon=True)
         self._thread.start()
 
     def publish(self, step: int, buffers: list[torch.Tensor]) -> None:
@@ -132,13 +153,14 @@ class PairwiseAverager:
                     step = self._version
                     self._snapshot()
                 partner = bipartite_partner(self.rank, self.world, step)
+                issued = now()
                 with self.algo.comm.timed():
                     dist.send(torch.tensor([REQUEST, step]), dst=partner, group=self.group, tag=HEADER)
                     works = [p2p.isend(s, dst=partner, group=self.group, tag=MODEL_TO_PASSIVE) for s in self._sent]
                     works += [p2p.irecv(r, src=partner, group=self.group, tag=MODEL_TO_ACTIVE) for r in self._received]
                     for w in works:
                         w.wait()
-                self._account()
+                record_exchange(self.algo.comm, self._nbytes(), partner, True, issued, THREAD)
                 self._correct()
                 self._served = step
         except BaseException as err:
@@ -159,6 +181,7 @@ class PairwiseAverager:
                 if int(header[0]) == STOP:
                     stops += 1
                     continue
+                issued = now()
                 with self.algo.comm.timed():
                     works = [p2p.irecv(r, src=src, group=self.group, tag=MODEL_TO_PASSIVE) for r in self._received]
                     with self._cv:
@@ -166,14 +189,13 @@ class PairwiseAverager:
                     works += [p2p.isend(s, dst=src, group=self.group, tag=MODEL_TO_ACTIVE) for s in self._sent]
                     for w in works:
                         w.wait()
-                self._account()
+                record_exchange(self.algo.comm, self._nbytes(), src, False, issued, THREAD)
                 self._correct()
         except BaseException as err:
             self.error = err
 
-    def _account(self) -> None:
-        nbytes = sum(s.numel() * s.element_size() for s in self._sent)
-        self.algo.comm.add(sent=nbytes, recv=nbytes, syncs=1)
+    def _nbytes(self) -> int:
+        return sum(s.numel() * s.element_size() for s in self._sent)
 
 
 @register_algorithm("adpsgd")
@@ -222,6 +244,7 @@ class Adpsgd(DistAlgorithm):
         ctx.optimizer_step()
 
     def _average_with(self, partner: int) -> None:
+        issued = now()
         with self.comm.timed():
             works = []
             for buf, recv in zip(self.weights, self.received):
@@ -229,10 +252,25 @@ class Adpsgd(DistAlgorithm):
                           p2p.irecv(recv, src=partner, group=self.group)]
             for w in works:
                 w.wait()
+        record_exchange(self.comm, self.weights.nbytes, partner, True, issued)
         for buf, recv in zip(self.weights, self.received):
             buf.add_(recv).div_(2)
-        self.comm.add(sent=self.weights.nbytes, recv=self.weights.nbytes, syncs=1)
         self.averages += 1
+
+    @classmethod
+    def comm_pattern(cls, rank: int, step: int, world: int, config: PatternConfig,
+                     layout: ParamLayout) -> list[CommOp]:
+        """Every step the model to and from the step's bipartite partner (`pair_ops`).
+        Asynchronous: on the communication thread, an active rank's exchange for this step is
+        skipped when its thread fell behind (it serves the newest step only), and a passive rank
+        answers whichever active rank asks next, so each is data-dependent; the request header
+        (16 bytes) and STOP messages are not counted."""
+        if world <= 1 or step >= config.total_steps:
+            return []
+        partner, nbytes = bipartite_partner(rank, world, step), layout.total_bytes
+        if not config.algo.asynchronous:
+            return pair_ops(nbytes, partner, True)
+        return [dataclasses.replace(op, data_dependent=True) for op in pair_ops(nbytes, partner, rank % 2 == 0, THREAD)]
 
     def eval_model(self, model: nn.Module) -> nn.Module:
         return average_model_copy(model, self.ctx.world_size)

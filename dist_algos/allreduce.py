@@ -25,10 +25,11 @@ import torch.nn as nn
 from core.schema import option
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, Scenario, StepContext, TrainInfo
-from dist_algos.comm.accounting import allreduce_bytes
+from dist_algos.comm.accounting import allreduce_bytes_split, allreduce_op, now
 from dist_algos.comm.flat import average_, flat_grads
+from dist_algos.comm.pattern import WORLD, CommOp, OpKind, ParamLayout, PatternConfig
 from dist_algos.comm.round_averager import run_round
-from dist_algos.comm.grad_buckets import MIB, OverlappedAverage
+from dist_algos.comm.grad_buckets import MIB, OverlappedAverage, bucket_members
 
 
 @dataclass
@@ -69,7 +70,8 @@ class Allreduce(OverlappedHooks):
         if self.cfg.overlap and world > 1:
             self.overlapped = OverlappedAverage(list(model.parameters()), world,
                                                 bucket_bytes=int(self.cfg.bucket_mb * MIB),
-                                                first_bucket_bytes=int(self.cfg.first_bucket_mb * MIB))
+                                                first_bucket_bytes=int(self.cfg.first_bucket_mb * MIB),
+                                                stats=self.comm)
             self.nbytes = self.overlapped.nbytes
         else:
             self.grads = flat_grads(model.parameters())
@@ -83,10 +85,12 @@ class Allreduce(OverlappedHooks):
         if world > 1:
             with self.comm.timed():  # what this rank waits for: the transfer not hidden behind backward
                 if self.overlapped is not None:
-                    self.overlapped.wait()
+                    self.overlapped.wait()  # (counts and logs each bucket's all_reduce)
                 else:
+                    issued = now()
                     average_(self.grads, group=None, group_size=world)
-            self.comm.add(sent=allreduce_bytes(self.nbytes, world), recv=allreduce_bytes(self.nbytes, world), syncs=1)
+                    self.comm.record(allreduce_op(self.nbytes, world), issued, now())
+            self.comm.add(syncs=1)
         ctx.optimizer_step()
 
     def _fault_tolerant_step(self, ctx: StepContext) -> None:
@@ -103,10 +107,10 @@ class Allreduce(OverlappedHooks):
                     buf.zero_()
             return list(self.grads)
 
+        issued = now()
         with self.comm.timed():
             committed = run_round(rounds, contribution, lambda _: None)
-        nbytes = allreduce_bytes(self.nbytes, rounds.participants)
-        self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
+        self.comm.record(allreduce_op(self.nbytes, rounds.participants), issued, now(), syncs=1)
         if committed:
             ctx.optimizer_step()
         else:
@@ -114,3 +118,23 @@ class Allreduce(OverlappedHooks):
 
     def summary(self) -> dict[str, object]:
         return {"failed_rounds": list(self.failed_rounds)} if self.ft_rounds is not None else {}
+
+    @classmethod
+    def comm_pattern(cls, rank: int, step: int, world: int, config: PatternConfig,
+                     layout: ParamLayout) -> list[CommOp]:
+        """One all_reduce of the gradient per step; overlapped, one per DDP bucket in bucket order
+        (each issued when backward has filled it). Fault-tolerant rounds (their participants
+        decided at run time) are not declared."""
+        cfg = config.algo
+        if world <= 1 or step >= config.total_steps:
+            return []
+        if not cfg.overlap:
+            return [allreduce_op(layout.total_bytes, world)]
+        key = ("buckets", world, layout)
+        if key not in config.memo:  # (the same every step: derived once)
+            sizes = [n * layout.element_size for n in layout.numels]
+            nbytes = [sum(sizes[i] for i in members)
+                      for members in bucket_members(sizes, int(cfg.bucket_mb * MIB), int(cfg.first_bucket_mb * MIB))]
+            config.memo[key] = [CommOp(OpKind.ALLREDUCE, WORLD, world, n, wire, bucket=i, recv_bytes=wire)
+                                for i, (n, wire) in enumerate(zip(nbytes, allreduce_bytes_split(nbytes, world)))]
+        return list(config.memo[key])

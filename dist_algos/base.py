@@ -43,6 +43,7 @@ import torch.nn as nn
 from core.distenv import DistContext
 from core.schema import Section, check_ranges
 from dist_algos.comm.accounting import CommStats
+from dist_algos.comm.pattern import CommOp, ParamLayout, PatternConfig
 from dist_algos.comm.round_averager import RoundAverager
 
 
@@ -194,6 +195,24 @@ class DistAlgorithm(ABC):
         set is sharded over them; `eval_model` must give the same model on all of them)."""
         everyone = tuple(range(world_size))
         return RankLayout(train=everyone, evaluate=everyone)
+
+    # ---- the communication pattern, declared ------------------------------------------------
+    @classmethod
+    def comm_pattern(cls, rank: int, step: int, world: int, config: PatternConfig,
+                     layout: ParamLayout) -> list[CommOp]:
+        """Every communication rank `rank` of `world` issues at step `step` (0-based; `step` =
+        `config.total_steps` is the end of training, `finalize`), in issue order, as the ledger
+        records it (dist_algos/comm/pattern.py): a pure function of its arguments, so the model of
+        a machine can ask it at a world that never ran. Evaluation's communication is not part of
+        it (nor of the byte counters). A plugin must override this; tests/test_comm_pattern.py
+        checks it against the recorded ledger at P = 2, 4 and 8."""
+        raise NotImplementedError(f"algo={cls.name} declares no communication pattern: add "
+                                  "`comm_pattern` (dist_algos.base.DistAlgorithm, docs/writing_a_plugin.md)")
+
+    @classmethod
+    def declares_pattern(cls) -> bool:
+        """Whether this plugin overrides `comm_pattern` (the projection refuses one that does not)."""
+        return getattr(cls.comm_pattern, "__func__", None) is not DistAlgorithm.comm_pattern.__func__
 
     # ---- this rank's place in the layout -----------------------------------------------------
     def role(self) -> Role:

@@ -29,10 +29,11 @@ from dist_algos.allreduce import OverlappedHooks
 from dist_algos.base import AlgoConfig, HyperParams, Scenario, StepContext, TrainInfo
 from dist_algos.compress import build_chain, check_chain
 from dist_algos.compress.contract import Combine
-from dist_algos.compress.communicator import Communicator
-from dist_algos.compress.overlap import OverlappedExchange
+from dist_algos.compress.communicator import Communicator, exchange_ops
+from dist_algos.compress.overlap import THREAD, OverlappedExchange
 from dist_algos.comm.flat import flat_grads
-from dist_algos.comm.grad_buckets import MIB
+from dist_algos.comm.grad_buckets import MIB, bucket_members
+from dist_algos.comm.pattern import CommOp, ParamLayout, PatternConfig
 
 
 @dataclass
@@ -106,7 +107,8 @@ class CompressedAllreduce(OverlappedHooks):
         if self.cfg.overlap and self.ctx.world_size > 1:
             self.overlapped = OverlappedExchange(self.params, self.ctx.world_size, self._communicator,
                                                  bucket_bytes=int(self.cfg.bucket_mb * MIB),
-                                                 first_bucket_bytes=int(self.cfg.first_bucket_mb * MIB))
+                                                 first_bucket_bytes=int(self.cfg.first_bucket_mb * MIB),
+                                                 stats=self.comm)
             self.grads = self.overlapped.flat  # the hooks re-pointed the gradients into their own buffer
 
     def _communicator(self, sizes: list[int], shapes: list[tuple[int, ...]]) -> Communicator:
@@ -121,15 +123,14 @@ class CompressedAllreduce(OverlappedHooks):
             torch.nn.utils.clip_grad_norm_(self.params, self.clip)
         if self.overlapped is not None:
             with self.comm.timed():  # what this rank waits for: the exchanges not hidden behind backward
-                self.overlapped.wait()
-            nbytes = self.overlapped.bytes_sent
+                self.overlapped.wait()  # (counts and logs each bucket's collectives)
         else:
             with self.comm.timed():
-                combined, nbytes = self.exchanger.exchange(grad, ctx.step)
+                combined, _ = self.exchanger.exchange(grad, ctx.step, self.comm)
             grad.copy_(combined.view_as(grad))
         if self.cfg.sign_result:
             grad.sign_()
-        self.comm.add(sent=nbytes, recv=nbytes, syncs=1 if self.ctx.world_size > 1 else 0)
+        self.comm.add(syncs=1 if self.ctx.world_size > 1 else 0)
         if self.clip_first:
             ctx.optimizer_step(clip=False)
         else:  # no keyword: a test's StepContext may carry a bare torch optimizer's step
@@ -156,3 +157,32 @@ class CompressedAllreduce(OverlappedHooks):
     def summary(self) -> dict[str, Any]:
         return {"compress": self.exchanger.compressor.spec(), "feedback": self.cfg.feedback,
                 "combine": self.exchanger.compressor.combine.value}
+
+    @classmethod
+    def comm_pattern(cls, rank: int, step: int, world: int, config: PatternConfig,
+                     layout: ParamLayout) -> list[CommOp]:
+        """Every step the compressed exchange of the whole gradient (`exchange_ops`: an all_reduce
+        of a summable payload; else an all_gather of the lengths, then of the padded payload, whose
+        size is data-dependent for a top-k or threshold); overlapped, one exchange per DDP bucket
+        on the communication thread, in bucket order."""
+        cfg = config.algo
+        if world <= 1 or step >= config.total_steps:
+            return []
+        key = ("exchange", world, layout)
+        if key in config.memo:  # (the same every step: derived once)
+            return list(config.memo[key])
+        chain = build_chain(cfg.compress)
+        assert chain is not None
+        shapes = layout.layer_shapes()
+        ops: list[CommOp] = []
+        if not cfg.overlap:
+            ops = exchange_ops(chain, layout.numels, shapes, world)
+        else:
+            sizes = [n * layout.element_size for n in layout.numels]
+            buckets = bucket_members(sizes, int(cfg.bucket_mb * MIB), int(cfg.first_bucket_mb * MIB))
+            for i, members in enumerate(buckets):
+                order = sorted(members)  # a bucket's layers in model order, as its communicator sees them
+                ops += exchange_ops(chain, [layout.numels[j] for j in order], [shapes[j] for j in order], world,
+                                    thread=THREAD, bucket=i)
+        config.memo[key] = ops
+        return list(ops)

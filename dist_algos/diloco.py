@@ -49,10 +49,12 @@ import torch.nn as nn
 from core.errors import UserError
 from core.schema import option
 from dist_algos import register_algorithm
+from dist_algos.compress import build_chain
 from dist_algos.base import AlgoConfig, Scenario, StepContext, TrainInfo
-from dist_algos.comm.accounting import allreduce_bytes
+from dist_algos.comm.accounting import HeldOps, allreduce_bytes, allreduce_op, now
 from dist_algos.comm.flat import FlatBuffer, average_
-from dist_algos.compress.outer import OuterExchange, check_outer_options
+from dist_algos.comm.pattern import CommOp, ParamLayout, PatternConfig
+from dist_algos.compress.outer import OuterExchange, check_outer_options, outer_ops
 from dist_algos.comm.round_averager import run_round
 from dist_algos.local_sgd import LocalModelConfig, LocalSGD
 from dist_algos.schedules.sync import SyncRule
@@ -95,11 +97,13 @@ class DiLoCo(LocalSGD):
                             "(one fragment is synchronised every inner_steps / fragments steps)")
         check_outer_options(cfg)
 
-    def sync_rule(self, info: TrainInfo) -> SyncRule:
+    @classmethod
+    def make_sync_rule(cls, cfg: AlgoConfig, warmup_steps: int, total_steps: int) -> SyncRule:
         """A synchronisation (of one fragment) every H / F steps, the last one at the last step."""
-        stride = self.cfg.inner_steps // self.cfg.fragments
+        assert isinstance(cfg, DiLoCoConfig)
+        stride = cfg.inner_steps // cfg.fragments
         return SyncRule(schedule="constant", sync_period=stride, warmup_period=stride, alpha=0.0, power=2.0,
-                        switch_step=0, warmup_steps=info.warmup_steps, total_steps=info.total_steps)
+                        switch_step=0, warmup_steps=warmup_steps, total_steps=total_steps)
 
     @classmethod
     def averaged_fields(cls, cfg: AlgoConfig) -> list[str]:
@@ -158,21 +162,23 @@ class DiLoCo(LocalSGD):
             def restore_global(_: object) -> None:
                 for i, lo, hi in spans + self.stat_spans:
                     self.flat.buffers[i][lo:hi].copy_(self.global_model[i][lo:hi])
+            issued = now()
             with self.comm.timed():
                 committed = run_round(self.ft_rounds, pieces_now, restore_global)
             pieces = pieces_now()
-            nbytes = allreduce_bytes(sum(t.numel() * t.element_size() for t in pieces), self.ft_rounds.participants)
-            self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
+            self.comm.record(allreduce_op(sum(t.numel() * t.element_size() for t in pieces),
+                                          self.ft_rounds.participants), issued, now(), syncs=1)
             if not committed:
                 return False
             self._apply_outer(fragments, spans)
             return True
         pieces = pieces_now()
+        issued = now()
         if self.world > 1:
             with self.comm.timed():
                 average_(pieces, None, self.world, bucket_bytes=self.bucket_bytes)
-        nbytes = allreduce_bytes(sum(t.numel() * t.element_size() for t in pieces), self.world)
-        self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
+        self.comm.record(allreduce_op(sum(t.numel() * t.element_size() for t in pieces), self.world),
+                         issued, now(), syncs=1)
         self._apply_outer(fragments, spans)
         return True
 
@@ -195,22 +201,24 @@ class DiLoCo(LocalSGD):
         inner steps later, mixed with their local values by `mixing`."""
         assert self.outer is not None
         pieces = [self.flat.buffers[i][lo:hi] for i, lo, hi in self.stat_spans]
-        if pieces and self.world > 1:
-            average_(pieces, None, self.world, bucket_bytes=self.bucket_bytes)
-        sent = allreduce_bytes(sum(t.numel() * t.element_size() for t in pieces), self.world)
+        if pieces:
+            issued = now()
+            if self.world > 1:
+                average_(pieces, None, self.world, bucket_bytes=self.bucket_bytes)
+            self.comm.record(allreduce_op(sum(t.numel() * t.element_size() for t in pieces), self.world),
+                             issued, now())
         for f in fragments:
             if self.outer.overlapped:  # exchanged during the next tau inner steps, stepped and landed when due
                 self.outer.launch(f, self.flat, self.step_now, self.step_now + 1)
             else:
                 with self.comm.timed():
-                    combined, nbytes = self.outer.exchange(f, self.flat, self.step_now)
-                sent += nbytes
+                    combined = self.outer.exchange(f, self.flat, self.step_now, self.comm)
                 self._apply_outer_gradient(f, combined)
                 self.outer.schedule(f, self.step_now + 1)
             self.pending[f] = False
         for i, lo, hi in self.stat_spans:
             self.global_model[i][lo:hi].copy_(self.flat.buffers[i][lo:hi])
-        self.comm.add(sent=sent, recv=sent, syncs=1)
+        self.comm.add(syncs=1)
         self.synced = not any(self.pending) and not self.outer.in_flight()
 
     def _apply_outer_gradient(self, f: int, combined: torch.Tensor) -> None:
@@ -223,10 +231,10 @@ class DiLoCo(LocalSGD):
                         cfg.outer_lr, cfg.outer_momentum, cfg.nesterov)
             at += hi - lo
 
-    def _landed_outer_step(self, f: int, combined: torch.Tensor, nbytes: int) -> None:
-        """An overlapped exchange has come back: its outer step, and its bytes in the accounting."""
+    def _landed_outer_step(self, f: int, combined: torch.Tensor, held: HeldOps) -> None:
+        """An overlapped exchange has come back: its outer step, and its collectives counted."""
         self._apply_outer_gradient(f, combined)
-        self.comm.add(sent=nbytes, recv=nbytes)
+        held.replay(self.comm)
 
     # ---- evaluation and the end -------------------------------------------------------------
     def eval_model(self, model: nn.Module) -> Optional[nn.Module]:
@@ -298,6 +306,42 @@ class DiLoCo(LocalSGD):
                 "outer_momentum": cfg.outer_momentum, "nesterov": cfg.nesterov, "outer_steps": self.comm.syncs,
                 "bytes_per_model_sync": allreduce_bytes(self.flat.nbytes, self.world),
                 "eval_syncs": self.eval_syncs, "eval_bytes": self.eval_bytes, "bn": cfg.bn}
+
+
+    # ---- the declared pattern -----------------------------------------------------------------
+    @classmethod
+    def comm_pattern(cls, rank: int, step: int, world: int, config: PatternConfig,
+                     layout: ParamLayout) -> list[CommOp]:
+        """At the k-th synchronisation (every H / F steps, `round_steps`) fragment k mod F: one
+        all_reduce of its parameters (with the BN statistics for bn=average); composed, the
+        statistics' all_reduce, then the fragment's exchange (`outer_ops`), on the communication
+        thread with overlap_steps > 0. At the end (`finalize`) every fragment with inner steps
+        since its own synchronisation, together."""
+        cfg = config.algo
+        steps = cls.round_steps_of(config)
+        if world <= 1:
+            return []
+        if "fragment_of" not in config.memo:
+            config.memo["fragment_of"] = {s: k % cfg.fragments for k, s in enumerate(steps.rounds)}
+        if step in config.memo["fragment_of"]:
+            fragments = [config.memo["fragment_of"][step]]
+        elif step == config.total_steps:
+            last = config.memo["fragment_of"].get(config.total_steps - 1)
+            fragments = [f for f in range(cfg.fragments) if f != last]
+        else:
+            return []
+        ranges = split_fragments(layout.numels, cfg.fragments)
+        sizes = [list(layout.numels[ranges[f]]) for f in fragments]
+        stats = layout.buffer_bytes if cfg.bn == "average" else 0
+        if not fragments:
+            return []
+        if build_chain(cfg.outer_compress) is None and cfg.overlap_steps == 0 and cfg.mixing == 0:
+            return [allreduce_op(sum(map(sum, sizes)) * layout.element_size + stats, world)]
+        shapes = layout.layer_shapes()
+        ops = [allreduce_op(stats, world)] if stats else []
+        for f, n in zip(fragments, sizes):
+            ops += outer_ops(cfg.outer_compress, n, shapes[ranges[f]], world, cfg.overlap_steps > 0)
+        return ops
 
 
 def outer_step_(global_params: torch.Tensor, momentum: torch.Tensor, averaged: torch.Tensor,

@@ -27,6 +27,8 @@ import torch.nn as nn
 
 from dist_algos import register_algorithm
 from dist_algos.comm import p2p
+from dist_algos.comm.accounting import now
+from dist_algos.comm.pattern import CommOp, OpKind, ParamLayout, PatternConfig, ring
 from dist_algos.base import AlgoConfig, DistAlgorithm, Scenario, StepContext, TrainInfo
 from dist_algos.consensus.average import average_model_, average_model_copy
 from dist_algos.comm.flat import FlatBuffer
@@ -38,6 +40,15 @@ RIGHTWARDS, LEFTWARDS = 0, 1  # message tags: the direction a message travels al
 @dataclass
 class DpsgdConfig(AlgoConfig):
     name: str = "dpsgd"
+
+
+def ring_exchange(nbytes: int) -> list[CommOp]:
+    """One mixing step's messages in issue order: receives from the left and the right
+    neighbour, sends to the right and the left (each the whole weights; posted together, waited
+    for together)."""
+    return [CommOp(OpKind.RECV, ring(-1), 2, nbytes, 0, recv_bytes=nbytes),
+            CommOp(OpKind.RECV, ring(+1), 2, nbytes, 0, recv_bytes=nbytes),
+            CommOp(OpKind.SEND, ring(+1), 2, nbytes, nbytes), CommOp(OpKind.SEND, ring(-1), 2, nbytes, nbytes)]
 
 
 @register_algorithm("dpsgd")
@@ -63,6 +74,7 @@ class Dpsgd(DistAlgorithm):
 
     def _mix(self) -> None:
         left, right = ring_neighbours(self.ctx.rank, self.ctx.world_size)
+        issued = now()
         with self.comm.timed():
             works = []
             for buf, from_left, from_right in zip(self.weights, self.from_left, self.from_right):
@@ -72,10 +84,19 @@ class Dpsgd(DistAlgorithm):
                           p2p.isend(buf, dst=left, group=self.group, tag=LEFTWARDS)]
             for work in works:
                 work.wait()
+        completed = now()
+        for op in ring_exchange(self.weights.nbytes):
+            self.comm.record(op, issued, completed)
+        self.comm.add(syncs=1)
         for buf, from_left, from_right in zip(self.weights, self.from_left, self.from_right):
             buf.copy_(from_left.add_(buf).add_(from_right).div_(3))
-        self.comm.add(sent=2 * self.weights.nbytes, recv=2 * self.weights.nbytes, syncs=1)
         self.mixes += 1
+
+    @classmethod
+    def comm_pattern(cls, rank: int, step: int, world: int, config: PatternConfig,
+                     layout: ParamLayout) -> list[CommOp]:
+        """Every step the weights to and from both ring neighbours (`ring_exchange`)."""
+        return ring_exchange(layout.total_bytes) if world > 1 and step < config.total_steps else []
 
     def eval_model(self, model: nn.Module) -> nn.Module:
         return average_model_copy(model, self.ctx.world_size)

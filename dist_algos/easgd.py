@@ -40,7 +40,8 @@ import torch.nn as nn
 
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, RankLayout, Scenario, StepContext, TrainInfo
-from dist_algos.comm.accounting import allreduce_bytes
+from dist_algos.comm.accounting import allreduce_op, now
+from dist_algos.comm.pattern import CommOp, ParamLayout, PatternConfig
 from dist_algos.consensus.evaluation import EvalCopy, consensus_eval_ranks, consensus_model
 from dist_algos.comm.flat import FlatBuffer, average_
 from dist_algos.comm.round_averager import run_round
@@ -102,10 +103,10 @@ class EASGD(DistAlgorithm):
         world = self.ctx.world_size
         with self.comm.timed(), torch.no_grad():
             mean = [b.clone() for b in self.params.buffers]
+            issued = now()
             average_(mean, group=None, group_size=world)
+            self.comm.record(allreduce_op(self.params.nbytes, world), issued, now(), syncs=1)
             elastic_update_(self.params.buffers, self.center, mean, self.cfg.moving_rate, world)
-        nbytes = allreduce_bytes(self.params.nbytes, world)
-        self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
         self.elastic_steps += 1
 
     def _elastic_round(self) -> None:
@@ -119,12 +120,12 @@ class EASGD(DistAlgorithm):
             mean[:] = [b.detach().clone() for b in self.params.buffers]
             return mean
 
+        issued = now()
         with self.comm.timed(), torch.no_grad():
             committed = run_round(rounds, contribution, lambda _: None)
             if committed:
                 elastic_update_(self.params.buffers, self.center, mean, self.cfg.moving_rate, rounds.participants)
-        nbytes = allreduce_bytes(self.params.nbytes, rounds.participants)
-        self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
+        self.comm.record(allreduce_op(self.params.nbytes, rounds.participants), issued, now(), syncs=1)
         if committed:
             self.elastic_steps += 1
         else:
@@ -156,6 +157,13 @@ class EASGD(DistAlgorithm):
 
     def metrics(self) -> dict[str, float]:
         return {"elastic_steps": self.elastic_steps}
+
+    @classmethod
+    def comm_pattern(cls, rank: int, step: int, world: int, config: PatternConfig,
+                     layout: ParamLayout) -> list[CommOp]:
+        """Every tau-th step one all_reduce of the parameters (the elastic step's mean)."""
+        due = step < config.total_steps and (step + 1) % config.algo.sync_period == 0
+        return [allreduce_op(layout.total_bytes, world)] if due and world > 1 else []
 
     def summary(self) -> dict[str, Any]:
         return {"elastic_steps": self.elastic_steps,

@@ -10,8 +10,8 @@ The extension interface (for a method whose workers train their own models betwe
 subclass with its own config overrides only what it changes, never `validate` or `summary` just
 to dodge a field it lacks):
 
-- `sync_rule(info)` and `validate_sync_rule(cfg)`: when rounds end (a `SyncRule`), and the
-  one-line checks of the options that decide it;
+- `make_sync_rule(cfg, warmup_steps, total_steps)` (what `sync_rule(info)` returns, and what the
+  declared pattern replays) and `validate_sync_rule(cfg)`: when rounds end, and their checks;
 - `averaged_fields(cfg)`: the optimizer fields averaged with the parameters (checked against the
   run's optimizer before launch);
 - `averaged_state()`: everything a round averages, one persistent `FlatBuffer` (parameters, BN
@@ -54,13 +54,15 @@ import torch.nn as nn
 
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, Scenario, StepContext, TrainInfo
-from dist_algos.consensus.bn_stats import bn_statistics, float_buffers, recompute_bn_statistics
-from dist_algos.comm.accounting import allreduce_bytes
+from dist_algos.consensus.bn_stats import bn_statistics, float_buffers, recompute_bn_statistics, unflatten_into
+from dist_algos.comm.accounting import allreduce_bytes, allreduce_op, now
+from dist_algos.comm.pattern import CommOp, ParamLayout, PatternConfig
 from dist_algos.compress import build_chain, check_chain
+from dist_algos.compress.communicator import exchange_ops
 from dist_algos.compress.model_delta import ModelDelta
 from dist_algos.comm.flat import BUCKET_BYTES, FlatBuffer, Slot, average_, flat_grads
 from dist_algos.comm.round_averager import run_round
-from dist_algos.schedules.sync import SCHEDULES, SyncRule
+from dist_algos.schedules.sync import SCHEDULES, RoundSteps, SyncRule, round_steps
 from core.errors import UserError
 from core.schema import option
 
@@ -172,11 +174,17 @@ class LocalSGD(DistAlgorithm):
                                       self.params, self.world, self.ctx.rank)
 
     def sync_rule(self, info: TrainInfo) -> SyncRule:
-        """When the workers average (a subclass with its own schedule options overrides this)."""
-        cfg = self.cfg
+        """When the workers average: `make_sync_rule` of the run's step counts."""
+        return self.make_sync_rule(self.cfg, info.warmup_steps, info.total_steps)
+
+    @classmethod
+    def make_sync_rule(cls, cfg: AlgoConfig, warmup_steps: int, total_steps: int) -> SyncRule:
+        """The rule from the config alone (a subclass with its own schedule options overrides
+        this), so the declared pattern (`comm_pattern`) follows the same rounds."""
+        assert isinstance(cfg, LocalSGDConfig)
         return SyncRule(schedule=cfg.sync_schedule, sync_period=cfg.period,
                         warmup_period=cfg.warmup_period or cfg.period, alpha=cfg.alpha, power=cfg.power,
-                        switch_step=cfg.switch_step, warmup_steps=info.warmup_steps, total_steps=info.total_steps)
+                        switch_step=cfg.switch_step, warmup_steps=warmup_steps, total_steps=total_steps)
 
     @classmethod
     def averaged_fields(cls, cfg: AlgoConfig) -> list[str]:
@@ -199,8 +207,8 @@ class LocalSGD(DistAlgorithm):
         (`ft.enabled`), where a failed round keeps the local model and returns False. An override
         that returns nothing counts as committed; only an explicit False is a failed round."""
         if self.delta is not None:
-            nbytes = self.delta.average_(self.step_now)
-            self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
+            self.delta.average_(self.step_now, self.comm)
+            self.comm.add(syncs=1)
             self.synced = True
             return True
         committed = self._average(self.averaged_state)
@@ -264,17 +272,17 @@ class LocalSGD(DistAlgorithm):
                 if keep_on_failure:
                     for t, b in zip(flat(), backup):
                         t.copy_(b)
+            issued = now()
             with self.comm.timed():
                 committed = run_round(self.ft_rounds, lambda: list(flat()), restore)
-            nbytes = allreduce_bytes(flat().nbytes, self.ft_rounds.participants)
-            self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
+            self.comm.record(allreduce_op(flat().nbytes, self.ft_rounds.participants), issued, now(), syncs=1)
             return committed
         buffer = flat()
+        issued = now()
         if self.world > 1:
             with self.comm.timed():
                 average_(buffer, None, self.world, bucket_bytes=self.bucket_bytes)
-        nbytes = allreduce_bytes(buffer.nbytes, self.world)
-        self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
+        self.comm.record(allreduce_op(buffer.nbytes, self.world), issued, now(), syncs=1)
         return True
 
     def _after_sync(self, steps_done: int, period: int, committed: bool = True) -> None:
@@ -348,6 +356,36 @@ class LocalSGD(DistAlgorithm):
         self._settle_bn(model)
         self.finalized = True
 
+    # ---- the declared pattern -----------------------------------------------------------------
+    @classmethod
+    def comm_pattern(cls, rank: int, step: int, world: int, config: PatternConfig,
+                     layout: ParamLayout) -> list[CommOp]:
+        """At each round's end (`round_steps`; once more at the end when local steps are left) the
+        all_reduce of `averaged_state()` or the compressed delta; post-local's first phase: the gradient's."""
+        cfg = config.algo
+        steps = cls.round_steps_of(config)
+        if world <= 1:
+            return []
+        if step in steps.parallel:
+            return [allreduce_op(layout.total_bytes, world)]
+        at_end = step == config.total_steps and (steps.local_after_last or (
+            config.total_steps - 1 in steps.parallel and cfg.bn == "average"))
+        if step not in steps.rounds and not at_end:
+            return []
+        chain = build_chain(getattr(cfg, "compress", None))
+        if chain is not None:
+            return exchange_ops(chain, layout.numels, layout.layer_shapes(), world)
+        stats = layout.buffer_bytes if cfg.bn == "average" else 0
+        return [allreduce_op(layout.total_bytes * (1 + len(cls.averaged_fields(cfg))) + stats, world)]
+
+    @classmethod
+    def round_steps_of(cls, config: PatternConfig) -> RoundSteps:
+        """The run's rounds (`round_steps`), derived once per config."""
+        if "rounds" not in config.memo:
+            rule = cls.make_sync_rule(config.algo, config.warmup_steps, config.total_steps)
+            config.memo["rounds"] = round_steps(rule, config.lr_at)
+        return config.memo["rounds"]
+
     # ---- state and reporting ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         state = {"period": self.period, "local_steps": self.local_steps, "synced": self.synced,
@@ -409,9 +447,3 @@ def check_optimizer_fields(optimizer: torch.optim.Optimizer, fields: list[str]) 
         if name in ("exp_avg", "exp_avg_sq") and not is_adam:
             raise UserError(f"algo.average_optimizer_fields: {name} needs optim=adamw")
 
-
-def unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
-    offset = 0
-    for t in tensors:
-        t.copy_(flat[offset:offset + t.numel()].view_as(t))
-        offset += t.numel()

@@ -47,7 +47,8 @@ import torch.nn as nn
 
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, RankLayout, Scenario, StepContext, TrainInfo
-from dist_algos.comm.accounting import allgather_bytes
+from dist_algos.comm.accounting import allgather_op, now
+from dist_algos.comm.pattern import WORLD, CommOp, OpKind, ParamLayout, PatternConfig, block
 from dist_algos.consensus.evaluation import EvalCopy, broadcast_model_, consensus_eval_ranks, consensus_model
 from dist_algos.comm.flat import FlatBuffer, average_
 from dist_algos.schedules.leader import RunningLoss, choose_leader, gather_losses, pull_towards_
@@ -71,6 +72,15 @@ class LSGDConfig(AlgoConfig):
     global_refresh_pull: float = option(0.1, ge=0, le=1)  # pull towards the fresh global leader at a refresh (c2)
     eval_model: str = option("leader", choices=EVAL_MODELS)
     bn_batches: Optional[int] = option(None, ge=0, hint="or null: one epoch")  # `average`: BN re-estimation batches per rank
+
+
+def broadcast_op(nbytes: int, size: int, group: str, root: Optional[bool]) -> CommOp:
+    """A broadcast of `nbytes` from the group's leader: the root sends it to each other member,
+    the others receive it once; `root` None (declared): either, so data-dependent."""
+    sent, received = nbytes * (size - 1), nbytes
+    if root is not None:
+        sent, received = (sent, 0) if root else (0, received)
+    return CommOp(OpKind.BROADCAST, group, size, nbytes, sent, recv_bytes=received, data_dependent=root is None)
 
 
 def resolve_group_size(cfg: LSGDConfig, local_size: int) -> int:
@@ -165,23 +175,23 @@ class LSGD(DistAlgorithm):
 
     def _refresh(self, step: int, local_due: bool, global_due: bool) -> None:
         rank, world = self.ctx.rank, self.ctx.world_size
+        issued = now()
         if global_due:
             pairs = gather_losses(rank, self.losses.mean(), None, world)
-            self.comm.add(sent=allgather_bytes(MESSAGE_BYTES, world), recv=allgather_bytes(MESSAGE_BYTES, world))
+            self.comm.record(allgather_op(MESSAGE_BYTES, world), issued, now())
         else:
             pairs = gather_losses(rank, self.losses.mean(), self.group, self.group_size)
-            self.comm.add(sent=allgather_bytes(MESSAGE_BYTES, self.group_size),
-                          recv=allgather_bytes(MESSAGE_BYTES, self.group_size))
+            self.comm.record(allgather_op(MESSAGE_BYTES, self.group_size, block(self.group_size)), issued, now())
         if local_due:
             leader = choose_leader(p for p in pairs if p[0] in self.my_group)
-            self._adopt(self.local_leader, leader, self.group, self.group_size)
+            self._adopt(self.local_leader, leader, self.group, self.group_size, block(self.group_size))
             pull_towards_(self.params.buffers, self.local_leader, self.cfg.local_refresh_pull)
             self.last_local_leader = leader
             self.led_local += int(leader == rank)
             self.local_refreshes += 1
         if global_due:
             leader = choose_leader(pairs)
-            self._adopt(self.global_leader, leader, None, world)
+            self._adopt(self.global_leader, leader, None, world, WORLD)
             pull_towards_(self.params.buffers, self.global_leader, self.cfg.global_refresh_pull)
             self.last_global_leader = leader
             self.leader_loss = dict(pairs)[leader]
@@ -189,19 +199,37 @@ class LSGD(DistAlgorithm):
             self.global_refreshes += 1
             self.global_history.append([step + 1, leader])
 
-    def _adopt(self, cache: list[torch.Tensor], leader: int, group: Optional[Any], size: int) -> None:
+    def _adopt(self, cache: list[torch.Tensor], leader: int, group: Optional[Any], size: int, label: str) -> None:
         """The leader's current weights into `cache` on every rank of the group (one broadcast)."""
         if self.ctx.rank == leader:
             for dst, src in zip(cache, self.params.buffers):
                 dst.copy_(src)
+        issued = now()
         if size > 1:
             for buf in cache:
                 dist.broadcast(buf, src=leader, group=group)
-        nbytes = self.params.nbytes
-        if self.ctx.rank == leader:
-            self.comm.add(sent=nbytes * (size - 1), syncs=1)
-        else:
-            self.comm.add(recv=nbytes, syncs=1)
+        self.comm.record(broadcast_op(self.params.nbytes, size, label, self.ctx.rank == leader), issued, now(), syncs=1)
+
+    # ---- the declared pattern -----------------------------------------------------------------
+    @classmethod
+    def comm_pattern(cls, rank: int, step: int, world: int, config: PatternConfig,
+                     layout: ParamLayout) -> list[CommOp]:
+        """At a refresh, the all_gather of (rank, running loss) over the world (global refresh) or
+        this rank's block, then the local leader's broadcast in the block and the global leader's
+        over the world. Who leads is decided by the losses, so each broadcast is data-dependent:
+        at most the leader's bytes sent, a follower's received."""
+        cfg, done = config.algo, step + 1
+        size = resolve_group_size(cfg, config.local_size)
+        local_due = local_leader_active(world, size) and done % cfg.local_period == 0
+        global_due = done % cfg.global_period == 0
+        if step >= config.total_steps or not (local_due or global_due):
+            return []
+        ops = [allgather_op(MESSAGE_BYTES, world) if global_due else allgather_op(MESSAGE_BYTES, size, block(size))]
+        if local_due:
+            ops.append(broadcast_op(layout.total_bytes, size, block(size), None))
+        if global_due:
+            ops.append(broadcast_op(layout.total_bytes, world, WORLD, None))
+        return [op for op in ops if op.group_size > 1]
 
     # ---- evaluation -------------------------------------------------------------------------
     def eval_model(self, model: nn.Module) -> Optional[nn.Module]:

@@ -39,8 +39,9 @@ from core.errors import UserError
 from core.schema import option
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, Scenario, StepContext, TrainInfo
-from dist_algos.comm.accounting import allreduce_bytes
+from dist_algos.comm.accounting import allreduce_op, now
 from dist_algos.comm.flat import average_, flat_grads
+from dist_algos.comm.pattern import CommOp, ParamLayout, PatternConfig
 from dist_algos.compress.powersgd_math import compressed_shape, orthogonalize_
 
 
@@ -172,10 +173,10 @@ class PowerSGD(DistAlgorithm):
 
     def _allreduce_gradients(self, world: int = 0) -> None:
         world = world or self.ctx.world_size
+        issued = now()
         with self.comm.timed():
             self._mean([*self.vector_grads, *self.low_rank_buffers()], world)
-        sent = allreduce_bytes(self.gradient_bytes, world)
-        self.comm.add(sent=sent, recv=sent, syncs=1)
+        self.comm.record(allreduce_op(self.gradient_bytes, world), issued, now(), syncs=1)
 
     def _compressed_allreduce(self, low: LowRankMatrices, world: int = 0) -> None:
         world = world or self.ctx.world_size
@@ -188,6 +189,7 @@ class PowerSGD(DistAlgorithm):
             orthogonalize_(q[0])
         for m, p, q in zip(low.ms, low.ps, low.qs):
             torch.bmm(m, q, out=p)
+        issued = now()
         with self.comm.timed():
             if self.ft_rounds is not None:  # the mean, not the sum: P is orthogonalised next, its scale is lost
                 self.ft_rounds.average_([low.p_buffer, *self.vector_grads])
@@ -195,24 +197,43 @@ class PowerSGD(DistAlgorithm):
                 pending = dist.all_reduce(low.p_buffer, async_op=True)
                 average_(list(self.vector_grads), None, world)
                 pending.wait()
+        # P and the vectors: two collectives at once, one operation of their bytes (as counted)
+        self.comm.record(allreduce_op(_nbytes(low.p_buffer) + sum(map(_nbytes, self.vector_grads)), world),
+                         issued, now())
         for p in low.ps:
             orthogonalize_(p[0])
         for m, p, q in zip(low.ms, low.ps, low.qs):
             torch.bmm(m.transpose(1, 2), p, out=q)
+        issued = now()
         with self.comm.timed():
             if self.ft_rounds is not None:
                 self.ft_rounds.average_([low.q_buffer])
             elif world > 1:
                 dist.all_reduce(low.q_buffer)
                 low.q_buffer.div_(world)
+        self.comm.record(allreduce_op(_nbytes(low.q_buffer), world), issued, now(), syncs=1)
         for m, p, q in zip(low.ms, low.ps, low.qs):
             torch.bmm(p, q.transpose(1, 2), out=m)
         for grad, error in self.error_pairs:
             error.sub_(grad)
         self.q_ready = True
-        sent = sum(allreduce_bytes(n, world) for n in (_nbytes(low.p_buffer) + sum(map(_nbytes, self.vector_grads)),
-                                                      _nbytes(low.q_buffer)))
-        self.comm.add(sent=sent, recv=sent, syncs=1)
+
+    @classmethod
+    def comm_pattern(cls, rank: int, step: int, world: int, config: PatternConfig,
+                     layout: ParamLayout) -> list[CommOp]:
+        """The first `start_iter` steps (and a model with no matrix worth compressing) one all_reduce
+        of the gradient; then two: P with the uncompressed vectors, and Q."""
+        cfg = config.algo
+        if world <= 1 or step >= config.total_steps:
+            return []
+        es = layout.element_size
+        shapes = [compressed_shape(shape, cfg.rank, cfg.min_compression_rate) for shape in layout.layer_shapes()]
+        if step < cfg.start_iter or all(s is None for s in shapes):
+            return [allreduce_op(layout.total_bytes, world)]
+        vectors = sum(n for n, s in zip(layout.numels, shapes) if s is None) * es
+        p = sum(n * r for n, _, r in filter(None, shapes)) * es
+        q = sum(m * r for _, m, r in filter(None, shapes)) * es
+        return [allreduce_op(p + vectors, world), allreduce_op(q, world)]
 
     def _initial_qs(self, qs: list[torch.Tensor]) -> None:
         """Standard normal Q's, the same on every rank: the k-th initialisation draws them, last

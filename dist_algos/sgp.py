@@ -33,6 +33,8 @@ import torch.nn as nn
 
 from dist_algos import register_algorithm
 from dist_algos.comm import p2p
+from dist_algos.comm.accounting import now
+from dist_algos.comm.pattern import CommOp, OpKind, ParamLayout, PatternConfig, ring
 from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, Scenario, StepContext, TrainInfo
 from dist_algos.consensus.average import average_model_, average_model_copy
 from dist_algos.comm.flat import FlatBuffer
@@ -46,6 +48,18 @@ from core.schema import option
 class SgpConfig(AlgoConfig):
     name: str = "sgp"
     num_peers: int = option(1, ge=1)  # out-peers per step (SGP paper: 1; WAGMA's baseline: 2)
+
+
+def push_ops(nbytes: int, world: int, step: int, num_peers: int) -> list[CommOp]:
+    """One push-sum step's messages in issue order: per peer j, the share received from the rank
+    2^h behind and the share sent to the rank 2^h ahead (`exponential_peers`), each the weights
+    and the push-sum weight (8 bytes)."""
+    out_peers, _ = exponential_peers(0, world, step, num_peers)
+    ops = []
+    for hop in out_peers:  # rank 0's out-peers are the offsets themselves
+        ops += [CommOp(OpKind.RECV, ring(-hop), 2, nbytes + 8, 0, recv_bytes=nbytes + 8),
+                CommOp(OpKind.SEND, ring(+hop), 2, nbytes + 8, nbytes + 8)]
+    return ops
 
 
 @register_algorithm("sgp")
@@ -92,6 +106,7 @@ class Sgp(DistAlgorithm):
         shares = [b.mul(share_w) for b in self.weights]  # x / (k + 1) with x = z * w
         share_w_t = torch.tensor([share_w], dtype=torch.float64)
         n = len(shares) + 1  # messages per peer: the buffers and the weight
+        issued = now()
         with self.comm.timed():
             works = []
             for j, (dst, src) in enumerate(zip(out_peers, in_peers)):
@@ -106,9 +121,19 @@ class Sgp(DistAlgorithm):
                 x.add_(self.received[j][i])
             buf.copy_(x.div_(new_w))
         self.ps_weight.fill_(new_w)
-        nbytes = k * (self.weights.nbytes + 8)
-        self.comm.add(sent=nbytes, recv=nbytes, syncs=1)
+        completed = now()
+        for op in push_ops(self.weights.nbytes, self.ctx.world_size, step, k):
+            self.comm.record(op, issued, completed)
+        self.comm.add(syncs=1)
         self.pushes += 1
+
+    @classmethod
+    def comm_pattern(cls, rank: int, step: int, world: int, config: PatternConfig,
+                     layout: ParamLayout) -> list[CommOp]:
+        """Every step a share of (x, w) to each out-peer and one from each in-peer (`push_ops`)."""
+        if world <= 1 or step >= config.total_steps:
+            return []
+        return push_ops(layout.total_bytes, world, step, config.algo.num_peers)
 
     def eval_model(self, model: nn.Module) -> nn.Module:
         return average_model_copy(model, self.ctx.world_size)

@@ -49,11 +49,12 @@ import torch.nn as nn
 
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, Scenario, StepContext, TrainInfo
-from dist_algos.comm.accounting import allreduce_bytes
+from dist_algos.comm.accounting import allreduce_op, now
+from dist_algos.comm.pattern import WORLD, CommOp, OpKind, ParamLayout, PatternConfig, wagma
 from dist_algos.consensus.average import average_model_, average_model_copy
 from dist_algos.comm.flat import FlatBuffer, average_
 from dist_algos.schedules.groups import GroupSchedule, is_global_step, log2_exact
-from dist_algos.schedules.wait_avoiding import Round, WaitAvoidingAverager
+from dist_algos.schedules.wait_avoiding import MESSAGE_BYTES, THREAD, Round, WaitAvoidingAverager
 from core.distenv import DistContext
 from core.errors import UserError
 from core.schema import option
@@ -138,10 +139,10 @@ class Wagma(DistAlgorithm):
     def plan(self, step: int) -> Round:
         """What step `step` averages on this rank, and over which process group."""
         if is_global_step(step, self.cfg.global_period):
-            return Round(step, True, list(range(self.ctx.world_size)), self._world_group)
+            return Round(step, True, list(range(self.ctx.world_size)), self._world_group, WORLD)
         phase = self.schedule.phase_at(step)
         members = self.schedule.group_of(self.ctx.rank, phase)
-        return Round(step, False, members, self.groups.get((phase, members[0])))
+        return Round(step, False, members, self.groups.get((phase, members[0])), wagma(phase))
 
     # ---- training ---------------------------------------------------------------------------
     def step(self, ctx: StepContext) -> None:
@@ -160,11 +161,36 @@ class Wagma(DistAlgorithm):
         """The synchronous mode: this step's average, from the training thread."""
         size = len(rnd.members)
         if size > 1:
+            issued = now()
             with self.comm.timed():
                 average_(self.weights, group=rnd.group, group_size=size)
-            nbytes = self.weights.nbytes
-            self.comm.add(sent=allreduce_bytes(nbytes, size), recv=allreduce_bytes(nbytes, size), syncs=1)
+            self.comm.record(allreduce_op(self.weights.nbytes, size, rnd.label), issued, now(), syncs=1)
         return "global" if rnd.is_global else "group"
+
+    @classmethod
+    def comm_pattern(cls, rank: int, step: int, world: int, config: PatternConfig,
+                     layout: ParamLayout) -> list[CommOp]:
+        """Every step an all_reduce of the weights: over the world every tau-th step, else over
+        this rank's group of the step's phase (`wagma:<phase>`). Wait-avoiding, both run on the
+        communication thread, a group round after an activation message to the members that have
+        not said they are there (whether this rank sends one, and to how many, depends on who
+        arrives first: data-dependent, at most G - 1 messages); the training thread waits only
+        for the global rounds. Which step a group round runs beside is left to timing."""
+        cfg = config.algo
+        if world <= 1 or step >= config.total_steps:
+            return []
+        schedule = GroupSchedule(world, cfg.group_size)
+        glob = is_global_step(step, cfg.global_period)
+        size = world if glob else cfg.group_size
+        label = WORLD if glob else wagma(schedule.phase_at(step))
+        if size <= 1:
+            return []
+        if not cfg.wait_avoiding:
+            return [allreduce_op(layout.total_bytes, size, label)]
+        activation = CommOp(OpKind.SEND, label, size, MESSAGE_BYTES, MESSAGE_BYTES * (size - 1), False, THREAD,
+                            data_dependent=True)
+        ops = [] if glob else [activation]
+        return ops + [allreduce_op(layout.total_bytes, size, label, THREAD, blocking=glob)]
 
     def eval_model(self, model: nn.Module) -> Optional[nn.Module]:
         return average_model_copy(model, self.ctx.world_size)

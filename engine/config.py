@@ -29,6 +29,7 @@ from core.schema import Section, config_error_line, freeze, to_container, typed_
 from data import PathsConfig, data_spec, load_data_config
 from engine.ft.config import FTConfig
 from engine.launch.config import LaunchConfig, load_launch_config
+from engine.report.ledger_writer import ReportConfig
 from engine.report.metrics import LoggerConfig
 from engine.train.checkpointer import CheckpointConfig, check_checkpoint
 from engine.train.config import TrainConfig, check_train
@@ -97,6 +98,7 @@ SECTIONS: dict[str, SectionEntry] = {
     "checkpoint": typed(CheckpointConfig, check_checkpoint),
     "launch": SectionEntry(LaunchConfig, LaunchConfig, _launch),
     "logger": typed(LoggerConfig),
+    "report": typed(ReportConfig),  # what a run records for analysis: the time ledger (engine/report/ledger.py)
     "dist": typed(DistConfig),
     "faults": typed(FaultsConfig),  # injected failures (engine/train/faults.py)
     "ft": typed(FTConfig),
@@ -104,6 +106,9 @@ SECTIONS: dict[str, SectionEntry] = {
     "data": SectionEntry(Any, None, lambda _, node, __: load_data_config(node)),  # the data group's node (data sets)
     "algo": SectionEntry(Any, None, lambda _, node, __: dist_algos.load_algo_config(node)),  # the plugin's Config
     "table": SectionEntry(Any, None),  # set only by `table=NAME`: read by tables/, above the engine
+    # `cluster=NAME` (conf/cluster/) and `project.*`: read by projection/, above the engine
+    "cluster": SectionEntry(Any, None),
+    "project": SectionEntry(Any, None),
 }
 
 

@@ -22,7 +22,7 @@ HOST_MODULES = {"test_multinode", "test_multinode_slurm", "test_ft_multinode", "
 #: modules whose module-scoped fixture starts gloo ranks or trains (4-20 s each on CI's machine):
 #: an xdist group each, so that the fixture runs once in the suite, not once on each worker
 RANK_FIXTURE_MODULES = {"test_wagma", "test_local_sgd", "test_lsgd", "test_easgd", "test_powersgd", "test_diloco",
-                        "test_budgets", "test_error_feedback", "test_outer_loops"}
+                        "test_budgets", "test_error_feedback", "test_outer_loops", "test_comm_pattern"}
 #: each module's xdist group (`--dist loadgroup` keeps a group on one worker): the emulated hosts
 #: together; the data-pipeline module, whose data sets and per-pipeline reports are built once per
 #: worker; each of RANK_FIXTURE_MODULES on its own

@@ -44,7 +44,7 @@ INNER_FLOORS: dict[str, list[tuple[str, ...]]] = {
         ("dist_algos.compress",),  # compression, usable without the plugin contract
         ("dist_algos.base",),  # the plugin contract
         ("dist_algos.param_server.layout", "dist_algos.param_server.wire",  # the parameter-server base
-         "dist_algos.param_server.server", "dist_algos.param_server.plugin"),
+         "dist_algos.param_server.server", "dist_algos.param_server.traffic", "dist_algos.param_server.plugin"),
         ("dist_algos", "dist_algos.param_server"),  # the registry and the plugins
     ],
     "engine": [

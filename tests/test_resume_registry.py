@@ -9,6 +9,11 @@ checkpoint (parameters, buffers, optimizer state, scheduler, plugin state, RNG, 
 be equal bit for bit. Plugins whose default mode depends on timing declare
 `deterministic_overrides` (and the reason) and are tested in that mode; the list is printed.
 A plugin that declares no scenario fails with one line naming what to add and where.
+
+The runs keep a time ledger (`report.ledger=true`): every rank's ledger must hold exactly its byte
+counters, in the straight run and in the stopped and resumed one (two attempts stitched), and
+the straight run's must follow the plugin's declared pattern (tests/test_comm_pattern.py runs
+the same at P = 2, 4 and 8 without the trainer).
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import torch
 from dist_algos import get_algorithm, list_algorithms
 from dist_algos.base import DistAlgorithm, Scenario
 from tests.support.harness import rank_config, run_ranks, train_in_rank
+from tests.support.ledgers import trainer_run_differences
 from tests.support.registry import env_of, lookup, optimizer_overrides, scenario_ids, scenario_values, task_overrides, \
     world_of
 
@@ -102,7 +108,8 @@ def algo_overrides(name: str) -> list[str]:
 
 def run_overrides(cls: type[DistAlgorithm], scenario: Scenario, steps: int = STEPS) -> list[str]:
     values = [f"algo.{k}={override_value(v)}" for k, v in scenario_values(cls, scenario).items()]
-    return base_overrides(cls.name, steps) + task_overrides(scenario) + optimizer_overrides(scenario) + values
+    return base_overrides(cls.name, steps) + task_overrides(scenario) + optimizer_overrides(scenario) + values + \
+        ["report.ledger=true"]
 
 
 def test_the_issue_case_is_a_declared_scenario() -> None:
@@ -121,6 +128,11 @@ def test_resume_is_bit_exact(scenario_id: str, tmp_path: Path) -> None:
                       env=env_of(cls, scenario))
     for rank, d in enumerate(diffs):
         assert not d, f"{scenario_id} rank {rank}: resumed state differs at {d[:10]}"
+    world = world_of(cls, scenario)
+    ledger = trainer_run_differences(tmp_path / "full", runs[0], world, scenario.local_size or world) + \
+        trainer_run_differences(tmp_path / "split", runs[2], world, scenario.local_size or world, declared=False)
+    assert not ledger, f"{scenario_id}: the time ledger departs from the counters or the declaration:\n" + \
+        "\n".join(ledger[:12])
 
 
 def test_registry_declares_reasons() -> None:

@@ -20,6 +20,12 @@ gradients are still being computed. `OverlappedAverage` does the same with gradi
   parameter unused in this step keeps its zero gradient), then waits for every bucket;
 - `paused()` holds the hooks during gradient accumulation (DDP's `no_sync`): only the last
   micro-batch's backward communicates.
+
+Each bucket's all_reduce is counted and logged (`CommStats.record`) when `wait()` has seen it
+complete, with the time its gradients were all there (`ready`: when its last hook fired, or the
+wait for a bucket whose hooks did not all fire), its launch and its completion: the time ledger's
+view of how much of the transfer backward hid. The buckets' bytes add up to the count of one
+all_reduce of the whole buffer (`allreduce_bytes_split`).
 """
 from __future__ import annotations
 
@@ -31,7 +37,9 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from dist_algos.comm.accounting import CommStats, allreduce_bytes_split, now
 from dist_algos.comm.flat import FlatBuffer, flat_grads
+from dist_algos.comm.pattern import WORLD, CommOp, OpKind
 
 MIB = 1024 * 1024
 DDP_BUCKET_BYTES = 25 * MIB  # torch DDP's bucket_cap_mb default
@@ -45,6 +53,8 @@ class Bucket:
     pending: int = 0  # their hooks still to fire in this backward
     work: Optional[Any] = None  # the all_reduce in flight
     params: list[int] = field(default_factory=list)  # their indices (for tests and reports)
+    ready_at: Optional[float] = None  # when its last gradient arrived in this backward (`now()`)
+    issued_at: Optional[float] = None  # when its collective was launched
 
 
 def assign_buckets(sizes: list[tuple[Any, int]], caps: tuple[int, int]) -> list[list[int]]:
@@ -68,15 +78,25 @@ def assign_buckets(sizes: list[tuple[Any, int]], caps: tuple[int, int]) -> list[
     return buckets
 
 
+def bucket_members(sizes: list[int], bucket_bytes: int, first_bucket_bytes: int) -> list[list[int]]:
+    """The buckets of parameters of one dtype and device with these byte sizes (parameter
+    order), as `OverlappedAverage` makes them: what a declared pattern needs, without a model."""
+    return assign_buckets([(0, n) for n in sizes], (first_bucket_bytes, bucket_bytes))
+
+
 class OverlappedAverage:
     """Averages the gradients of `params` over `group` while backward runs (see the module doc)."""
 
     def __init__(self, params: list[torch.nn.Parameter], group_size: int, group: Optional[dist.ProcessGroup] = None,
-                 bucket_bytes: int = DDP_BUCKET_BYTES, first_bucket_bytes: int = DDP_FIRST_BUCKET_BYTES) -> None:
+                 bucket_bytes: int = DDP_BUCKET_BYTES, first_bucket_bytes: int = DDP_FIRST_BUCKET_BYTES,
+                 stats: Optional[CommStats] = None) -> None:
         self.params = [p for p in params if p.requires_grad]
         self.group, self.group_size = group, group_size
+        self.stats = stats if stats is not None else CommStats()  # where each bucket's collective is counted
         self.flat: FlatBuffer = flat_grads(self.params)
         self.buckets = self._make_buckets((first_bucket_bytes, bucket_bytes))
+        self.wire = allreduce_bytes_split([b.view.numel() * b.view.element_size() for b in self.buckets],
+                                          group_size)
         self._addresses = [p.grad.data_ptr() for p in self.params]
         self.bucket_of = {id(p): b for b in self.buckets for p in (self.params[i] for i in b.params)}
         self.next = 0  # the next bucket to launch
@@ -109,16 +129,22 @@ class OverlappedAverage:
     def _reset(self) -> None:
         self.next = 0
         for b in self.buckets:
-            b.pending, b.work = b.size, None
+            b.pending, b.work, b.ready_at, b.issued_at = b.size, None, None, None
 
     def _on_grad(self, param: torch.Tensor) -> None:
         if not self.enabled:
             return
-        self.bucket_of[id(param)].pending -= 1
+        bucket = self.bucket_of[id(param)]
+        bucket.pending -= 1
+        if bucket.pending <= 0:
+            bucket.ready_at = now()
         while self.next < len(self.buckets) and self.buckets[self.next].pending <= 0:
             self._launch(self.buckets[self.next])
 
     def _launch(self, bucket: Bucket) -> None:
+        bucket.issued_at = now()
+        if bucket.ready_at is None:  # launched by `wait`: its gradients were there when backward ended
+            bucket.ready_at = bucket.issued_at
         bucket.view.div_(self.group_size)
         bucket.work = dist.all_reduce(bucket.view, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
         self.next += 1
@@ -128,8 +154,12 @@ class OverlappedAverage:
         self._check_views()
         while self.next < len(self.buckets):
             self._launch(self.buckets[self.next])
-        for bucket in self.buckets:
+        for i, bucket in enumerate(self.buckets):
             bucket.work.wait()
+            nbytes = bucket.view.numel() * bucket.view.element_size()
+            op = CommOp(OpKind.ALLREDUCE, WORLD, self.group_size, nbytes, self.wire[i], bucket=i,
+                        recv_bytes=self.wire[i])
+            self.stats.record(op, bucket.issued_at, now(), bucket.ready_at)
         self._reset()
 
     def _check_views(self) -> None:

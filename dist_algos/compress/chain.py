@@ -44,6 +44,7 @@ class Chain(Compressor):
             self.combine = Combine.GATHER  # type: ignore[misc]
         self.unbiased = False  # type: ignore[misc]
         self.sparsifier = False  # type: ignore[misc]
+        self.fixed_size = all(s.fixed_size for s in stages)  # type: ignore[misc]
 
     def encode(self, x: torch.Tensor, ctx: EncodeContext) -> Payload:
         outer = self.first.encode(x, ctx)

@@ -86,6 +86,10 @@ class Compressor(ABC):
     #: whether the output has the input's positions (a sparsifier: a chain's next stage then
     #: compresses only its `values` tensor)
     sparsifier: ClassVar[bool] = False
+    #: whether the payload's size is fixed by the vector's layout alone; False where the data
+    #: decides it (a threshold; a top-k that leaves zeros out), so a declared pattern can give
+    #: only its largest size (dist_algos/comm/pattern.py, `data_dependent`)
+    fixed_size: ClassVar[bool] = True
 
     @abstractmethod
     def encode(self, x: torch.Tensor, ctx: EncodeContext) -> Payload:

@@ -14,6 +14,7 @@ from typing import Any, Optional
 import torch
 import torch.nn as nn
 
+from dist_algos.comm.accounting import OpSink
 from dist_algos.compress import build_chain
 from dist_algos.compress.communicator import Communicator
 
@@ -33,11 +34,11 @@ class ModelDelta:
                             shapes=[tuple(p.shape) for p in params])
         return cls(comm, params)
 
-    def average_(self, step: int) -> int:
+    def average_(self, step: int, sink: Optional[OpSink] = None) -> int:
         """One synchronisation: every worker's parameters become anchor - combined delta; returns
-        the bytes this rank sent."""
+        the bytes this rank sent (its collectives recorded in `sink`)."""
         current = torch.cat([p.detach().reshape(-1).float() for p in self.params])
-        combined, nbytes = self.exchanger.exchange(self.anchor - current, step)
+        combined, nbytes = self.exchanger.exchange(self.anchor - current, step, sink)
         self.anchor.sub_(combined)
         offset = 0
         for p in self.params:

@@ -21,6 +21,7 @@ what is in flight and saves the state the synchronous order has at that step."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, ContextManager, Optional
@@ -30,12 +31,14 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from core.errors import UserError
-from dist_algos.comm.accounting import allreduce_bytes
+from dist_algos.comm.accounting import CommStats, HeldOps, allreduce_op, now
+from dist_algos.comm.pattern import MAIN, CommOp
 from dist_algos.compress import build_chain, check_chain
-from dist_algos.compress.communicator import Communicator
+from dist_algos.compress.communicator import Communicator, exchange_ops
 from dist_algos.comm.flat import FlatBuffer, average_
 
 Span = tuple[int, int, int]
+THREAD = "streaming-diloco"  # the communication thread's name (the time ledger's `thread`)
 
 
 def check_outer_options(cfg: Any) -> None:
@@ -47,8 +50,25 @@ def check_outer_options(cfg: Any) -> None:
         raise UserError(f"algo.outer_feedback={cfg.outer_feedback} needs a chain in algo.outer_compress")
 
 
-#: apply(fragment, combined outer gradient, bytes sent): DiLoCo's outer step on that fragment
-OuterStep = Callable[[int, torch.Tensor, int], None]
+#: apply(fragment, combined outer gradient, its collectives held for counting): DiLoCo's outer
+#: step on that fragment, after an overlapped exchange
+OuterStep = Callable[[int, torch.Tensor, HeldOps], None]
+
+
+def outer_ops(compress: Any, sizes: Sequence[int], shapes: Sequence[tuple[int, ...]], world: int,
+              overlapped: bool) -> list[CommOp]:
+    """What one fragment's exchange records (the declared side): the chain's collectives, or one
+    all_reduce of its float32 outer gradient; on the communication thread when overlapped."""
+    thread = THREAD if overlapped else MAIN
+    chain = build_chain(compress)
+    if chain is not None:
+        return [_on(op, thread) for op in exchange_ops(chain, sizes, shapes, world, thread=thread)]
+    return [] if world <= 1 else [allreduce_op(4 * sum(sizes), world, thread=thread, blocking=not overlapped)]
+
+
+def _on(op: CommOp, thread: str) -> CommOp:
+    """`op` as made on `thread` (one the training thread does not wait for, off the main thread)."""
+    return dataclasses.replace(op, thread=thread, blocking=thread == MAIN)
 
 
 class OuterExchange:
@@ -101,23 +121,36 @@ class OuterExchange:
         """Fragment f's global values (a copy: what lands on the workers when it is due)."""
         return torch.cat([self.global_model[i][lo:hi].clone() for i, lo, hi in self.spans[f]])
 
-    def _combine(self, f: int, delta: torch.Tensor, step: int) -> tuple[torch.Tensor, int]:
+    def _combine(self, f: int, delta: torch.Tensor, step: int) -> tuple[torch.Tensor, HeldOps]:
+        """(combined outer gradient, its collectives held for counting): on the communication
+        thread when overlapped, else on the training thread."""
+        # (an overlapped exchange belongs to the step that launched it, counted when it lands)
+        thread, held = (THREAD, HeldOps(step)) if self.overlapped else (MAIN, HeldOps())
         comm = self.comms[f]
         if comm is not None:
-            return comm.exchange(delta, step)
+            mine = HeldOps()
+            combined, _ = comm.exchange(delta, step, mine, thread=thread)
+            for op, issued, completed, _ in mine.ops:
+                held.record(_on(op, thread), issued, completed)
+            return combined, held
+        issued = now()
         if self.world > 1:
             average_([delta], self.group, self.world)
-        return delta, allreduce_bytes(delta.numel() * delta.element_size(), self.world)
+        held.record(allreduce_op(delta.numel() * delta.element_size(), self.world, thread=thread,
+                                 blocking=thread == MAIN), issued, now())
+        return delta, held
 
-    def exchange(self, f: int, flat: FlatBuffer, step: int) -> tuple[torch.Tensor, int]:
-        """(combined outer gradient of fragment f, bytes this rank sent), now."""
-        return self._combine(f, self._delta(f, flat), step)
+    def exchange(self, f: int, flat: FlatBuffer, step: int, sink: CommStats) -> torch.Tensor:
+        """The combined outer gradient of fragment f, now; its collectives counted in `sink`."""
+        combined, held = self._combine(f, self._delta(f, flat), step)
+        held.replay(sink)
+        return combined
 
     def launch(self, f: int, flat: FlatBuffer, step: int, steps_done: int) -> None:
         """The overlapped path: fragment f's outer gradient is taken now and exchanged on the
-        communication thread; its outer step and landing wait until it is due."""
+        communication thread; its outer step, landing and counting wait until it is due."""
         if self.pool is None:
-            self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streaming-diloco")
+            self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=THREAD)
         future: Future = self.pool.submit(self._combine, f, self._delta(f, flat), step)
         self.flight.append({"fragment": f, "due": steps_done + self.tau, "future": future})
 
@@ -127,8 +160,8 @@ class OuterExchange:
         if future is None:
             return
         with self.timed():
-            combined, nbytes = future.result()
-        self.outer_step(item["fragment"], combined, nbytes)
+            combined, held = future.result()
+        self.outer_step(item["fragment"], combined, held)
         item["values"] = self._values(item["fragment"])
 
     def close(self) -> None:

@@ -13,12 +13,15 @@ instead, and random draws (stochastic rounding) come from each bucket's own stre
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
+from dist_algos.comm.accounting import CommStats, HeldOps
 from dist_algos.compress.communicator import Communicator
 from dist_algos.comm.grad_buckets import Bucket, OverlappedAverage
+
+THREAD = "compressed-buckets"  # the communication thread's name (the time ledger's `thread`)
 
 
 class OverlappedExchange(OverlappedAverage):
@@ -26,15 +29,16 @@ class OverlappedExchange(OverlappedAverage):
 
     def __init__(self, params: list[torch.nn.Parameter], group_size: int,
                  make_communicator: Callable[[list[int], list[tuple[int, ...]]], Communicator],
-                 bucket_bytes: int, first_bucket_bytes: int) -> None:
-        super().__init__(params, group_size, None, bucket_bytes=bucket_bytes, first_bucket_bytes=first_bucket_bytes)
+                 bucket_bytes: int, first_bucket_bytes: int, stats: Optional[CommStats] = None) -> None:
+        super().__init__(params, group_size, None, bucket_bytes=bucket_bytes, first_bucket_bytes=first_bucket_bytes,
+                         stats=stats)
         self.comms: list[Communicator] = []
         for bucket in self.buckets:
             members = sorted(bucket.params, key=lambda i: self._offset(i))  # flat (model) order
             self.comms.append(make_communicator([self.params[i].numel() for i in members],
                                                 [tuple(self.params[i].shape) for i in members]))
         self.index = {id(b): n for n, b in enumerate(self.buckets)}
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compressed-buckets")
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=THREAD)
         self.futures: list[Future] = []
         self.exchanges = 0  # the step number handed to the chains (checkpointed)
         self.bytes_sent = 0
@@ -45,22 +49,28 @@ class OverlappedExchange(OverlappedAverage):
         return grad.data_ptr()
 
     def _launch(self, bucket: Bucket) -> None:
-        comm, step = self.comms[self.index[id(bucket)]], self.exchanges
+        index = self.index[id(bucket)]
+        comm, step = self.comms[index], self.exchanges
 
-        def run() -> int:
-            combined, nbytes = comm.exchange(bucket.view, step)
+        def run() -> HeldOps:
+            held = HeldOps()  # counted in `wait`, on the training thread, in bucket order
+            combined, _ = comm.exchange(bucket.view, step, held, thread=THREAD, bucket=index)
             bucket.view.copy_(combined.view_as(bucket.view))
-            return nbytes
+            return held
 
         self.futures.append(self.pool.submit(run))
         self.next += 1
 
     def wait(self) -> None:
-        """Launch what backward did not, wait for every bucket: the gradients are then the combined ones."""
+        """Launch what backward did not, wait for every bucket: the gradients are then the combined
+        ones, their collectives counted (`stats`)."""
         self._check_views()
         while self.next < len(self.buckets):
             self._launch(self.buckets[self.next])
-        self.bytes_sent = sum(f.result() for f in self.futures)
+        held = [f.result() for f in self.futures]
+        self.bytes_sent = sum(h.wire_bytes for h in held)
+        for h in held:
+            h.replay(self.stats)
         self.futures = []
         self.exchanges += 1
         self._reset()

@@ -12,6 +12,7 @@ from dist_algos.compress.sparse import IndexSparsifier, sparse_payload
 
 @register_compressor("threshold")
 class Threshold(IndexSparsifier):
+    fixed_size = False
     def __init__(self, tau: str = "0.001") -> None:
         self.tau = float(tau)
         if self.tau <= 0:

@@ -69,6 +69,7 @@ def topk_per_layer(x: torch.Tensor, sizes: Sequence[int], density: float) -> tor
 
 @register_compressor("topk")
 class TopK(IndexSparsifier):
+    fixed_size = False  # zeros are left out
     def __init__(self, density: str = "0.01") -> None:
         self.density = density_arg(density)
 

@@ -72,3 +72,11 @@ def recompute_bn_statistics(model: nn.Module, batches: Iterator[tuple[torch.Tens
             m.momentum = momentum
         model.train(was_training)
     return used
+
+
+def unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    """Copy the consecutive pieces of `flat` (one averaged or broadcast vector) back into `tensors`."""
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()

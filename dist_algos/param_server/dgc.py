@@ -18,6 +18,7 @@ import torch
 
 from dist_algos import register_algorithm
 from dist_algos.base import StepContext
+from dist_algos.comm.pattern import PatternConfig
 from dist_algos.compress.sparse_feedback import clip_by_norm_, dgc_, dgc_warmup_density
 from dist_algos.param_server import wire
 from dist_algos.param_server.plugin import DOWNLINKS, ParamServerAlgorithm, SparseConfig
@@ -43,6 +44,11 @@ class DGC(ParamServerAlgorithm):
         self.momentum_buf = torch.zeros_like(self.flat)
         self.accum = torch.zeros_like(self.flat)
         self.density = self.cfg.density
+
+    @classmethod
+    def push_density(cls, config: PatternConfig, step: int) -> Optional[float]:
+        cfg = config.algo
+        return dgc_warmup_density(cfg.density, config.epoch_of(step), cfg.warmup_epochs)
 
     def make_pushes(self, ctx: StepContext) -> list[wire.Message]:
         grad = self.update.copy_(self.grad)  # the persistent scratch buffer, not a fresh clone

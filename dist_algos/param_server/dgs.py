@@ -12,11 +12,13 @@ lr / peak lr, as the reference code does (so it drops with each LR decay); the r
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 from dist_algos import register_algorithm
 from dist_algos.base import StepContext
+from dist_algos.comm.pattern import PatternConfig
 from dist_algos.compress.sparse_feedback import samomentum_
 from dist_algos.param_server import wire
 from dist_algos.param_server.plugin import ParamServerAlgorithm, SparseConfig
@@ -39,6 +41,11 @@ class DGS(ParamServerAlgorithm):
     def setup_worker(self) -> None:
         self.velocity = torch.zeros_like(self.flat)
         self.density = self.cfg.density
+
+    @classmethod
+    def push_density(cls, config: PatternConfig, step: int) -> Optional[float]:
+        cfg = config.algo
+        return cfg.density * (config.lr_at(step) / config.peak_lr if cfg.density_follows_lr else 1.0)
 
     def make_pushes(self, ctx: StepContext) -> list[wire.Message]:
         step = self.decayed_update(ctx.lr)

@@ -8,11 +8,13 @@ and keeps the rest in the residual for later steps. No momentum (as in the refer
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 from dist_algos import register_algorithm
 from dist_algos.base import StepContext
+from dist_algos.comm.pattern import PatternConfig
 from dist_algos.compress.sparse_feedback import gradient_dropping_
 from dist_algos.param_server import wire
 from dist_algos.param_server.plugin import DOWNLINKS, ParamServerAlgorithm, SparseConfig
@@ -32,6 +34,10 @@ class GradientDropping(ParamServerAlgorithm):
 
     def setup_worker(self) -> None:
         self.residual = torch.zeros_like(self.flat)
+
+    @classmethod
+    def push_density(cls, config: PatternConfig, step: int) -> Optional[float]:
+        return config.algo.density
 
     def make_pushes(self, ctx: StepContext) -> list[wire.Message]:
         update = self.decayed_update(ctx.lr)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from dist_algos import register_algorithm
 from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, Scenario, StepContext
+from dist_algos.comm.pattern import CommOp, ParamLayout, PatternConfig
 from core.errors import UserError
 
 
@@ -35,3 +36,9 @@ class MSGD(DistAlgorithm):
 
     def step(self, ctx: StepContext) -> None:
         ctx.optimizer_step()
+
+    @classmethod
+    def comm_pattern(cls, rank: int, step: int, world: int, config: PatternConfig,
+                     layout: ParamLayout) -> list[CommOp]:
+        """A world of one: nothing is communicated."""
+        return []

@@ -45,10 +45,13 @@ import torch.nn as nn
 
 from dist_algos.base import AlgoConfig, DistAlgorithm, HyperParams, RankLayout, Role, Scenario, StepContext, TrainInfo
 from dist_algos.compress.sparse_feedback import clip_by_norm_
+from dist_algos.comm.accounting import now
 from dist_algos.comm.flat import FlatBuffer, flat_grads
+from dist_algos.comm.pattern import CommOp, ParamLayout, PatternConfig
 from dist_algos.param_server import wire
 from dist_algos.param_server.layout import Shard, partition
 from dist_algos.param_server.server import Server, ServerState
+from dist_algos.param_server.traffic import exchange_pattern, resync_period
 from core.errors import UserError
 from core.schema import option
 
@@ -56,8 +59,6 @@ log = logging.getLogger("syncopt")
 
 SERVING = ("async", "round_robin")
 DOWNLINKS = ("model", "sparse")
-#: The reference code resynchronises every 150 pushes of its first worker.
-REFERENCE_RESYNC_PUSHES = 150
 
 
 @dataclass
@@ -181,8 +182,21 @@ class ParamServerAlgorithm(DistAlgorithm):
             self.setup_worker()
 
     def _resync_period(self) -> int:
-        period = getattr(self.cfg, "resync_period", None)
-        return period or REFERENCE_RESYNC_PUSHES * len(self.train_ranks())
+        return resync_period(self.cfg, len(self.train_ranks()))
+
+    # ---- the declared pattern -----------------------------------------------------------------
+    @classmethod
+    def comm_pattern(cls, rank: int, step: int, world: int, config: PatternConfig,
+                     layout: ParamLayout) -> list[CommOp]:
+        """A worker's push to every server and their replies; a server's threads' side of each
+        worker's (`traffic.exchange_pattern`, which says what the run decides)."""
+        downlink = cls.fixed_downlink or getattr(config.algo, "downlink", "model")
+        return exchange_pattern(rank, step, world, config, layout, downlink, cls.push_density(config, step))
+
+    @classmethod
+    def push_density(cls, config: PatternConfig, step: int) -> Optional[float]:
+        """The per-layer density of a worker's push at `step` (None: a dense push)."""
+        return None
 
     def _read_hyper(self, hyper: HyperParams) -> None:
         """Weight decay, momentum, the peak LR and the gradient clip, from the run's optim section
@@ -246,24 +260,26 @@ class ParamServerAlgorithm(DistAlgorithm):
         self.in_flight = True
         try:
             with self.comm.timed():
-                pending = []
+                issued, pending = now(), []
                 for shard, push in zip(self.shards, pushes):
                     server = shard.server
                     pending.append(self.channels[server].post(push))
-                for shard, works in zip(self.shards, pending):
+                for shard, push, works in zip(self.shards, pushes, pending):
                     server = shard.server
                     for work in works:
                         work.wait()
+                    self.comm.record(wire.push_op(push.nbytes, shard.server, True), issued, now())
                 replies = []
                 for shard in self.shards:
-                    server = shard.server
+                    server, issued = shard.server, now()
                     replies.append(self.channels[server].recv(shard.numel))
+                    self.comm.record(wire.pull_op(replies[-1].nbytes, shard.server, True), issued, now())
         except RuntimeError as err:
             first = str(err).splitlines()[0] if str(err) else type(err).__name__
             raise ParameterServerLost(f"worker rank {self.ctx.rank}: parameter server rank {server} stopped "
                                       f"answering at step {step} ({first})") from err
         self.in_flight = False
-        self.comm.add(sent=sum(p.nbytes for p in pushes), recv=sum(r.nbytes for r in replies), syncs=1)
+        self.comm.add(syncs=1)
         self.pushes += 1
         self.version = replies[0].version
         self.staleness = max(r.staleness for r in replies)

@@ -32,7 +32,7 @@ from typing import Any, Optional
 
 import torch
 
-from dist_algos.comm.accounting import CommStats
+from dist_algos.comm.accounting import CommStats, now
 from dist_algos.compress.topk import topk_per_layer
 from dist_algos.param_server import wire
 from dist_algos.param_server.layout import Shard
@@ -235,7 +235,7 @@ class Server:
 
     def start(self) -> None:
         for worker in self.channels:
-            thread = threading.Thread(target=self._serve, args=(worker,), name=f"ps{self.rank}-w{worker}", daemon=True)
+            thread = threading.Thread(target=self._serve, args=(worker,), name=wire.serving_thread(worker), daemon=True)
             thread.start()
             self.threads.append(thread)
 
@@ -248,10 +248,15 @@ class Server:
                 push = channel.recv(self.state.shard.numel, timeout=wire.IDLE_WAIT)
                 if push.kind == wire.Kind.BYE:
                     return
+                arrived = now()
                 with self.turns.turn(worker):
                     reply = self.state.apply(worker, push)
-                    # counted before sending: a worker that has its reply finds the records final
-                    self.comm.add(sent=reply.nbytes, recv=push.nbytes, syncs=1)
+                    # counted before sending: a worker that has its reply finds the records final;
+                    # logged at arrival and as handed to the wire (each transfer's own time is
+                    # on the worker's side of the ledger)
+                    built = now()
+                    self.comm.record(wire.push_op(push.nbytes, worker, False), arrived, arrived)
+                    self.comm.record(wire.pull_op(reply.nbytes, worker, False), built, built, syncs=1)
                 channel.send(reply)
         except Exception as err:  # a failed worker must not take the server down
             if not self.turns.stopping:

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from dist_algos.comm import p2p
+from dist_algos.comm.pattern import CommOp, OpKind, server, worker
 
 HEADER_LEN = 8
 HEADER_BYTES = HEADER_LEN * 8
@@ -41,6 +42,30 @@ IDLE_WAIT = datetime.timedelta(days=30)
 VALUE_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 _DTYPE_CODES = {torch.float32: 0, torch.float16: 1}
 _CODE_DTYPES = {code: dtype for dtype, code in _DTYPE_CODES.items()}
+
+
+def serving_thread(worker_rank: int) -> str:
+    """The name of the server's thread that serves this worker (the time ledger's `thread`)."""
+    return f"serve:{worker_rank}"
+
+
+def push_op(nbytes: int, peer: int, at_worker: bool, data_dependent: bool = False) -> CommOp:
+    """A push of `nbytes`, header included, as the worker sends it to server `peer` (blocking:
+    its step waits for the reply) or as the server receives it from worker `peer` (on the thread
+    serving that worker)."""
+    if at_worker:
+        return CommOp(OpKind.PUSH, server(peer), 2, nbytes, nbytes, data_dependent=data_dependent)
+    return CommOp(OpKind.PUSH, worker(peer), 2, nbytes, 0, False, serving_thread(peer), recv_bytes=nbytes,
+                  data_dependent=data_dependent)
+
+
+def pull_op(nbytes: int, peer: int, at_worker: bool, data_dependent: bool = False) -> CommOp:
+    """A reply of `nbytes`, header included, as the worker receives it from server `peer` or as
+    the server sends it to worker `peer`."""
+    if at_worker:
+        return CommOp(OpKind.PULL, server(peer), 2, nbytes, 0, recv_bytes=nbytes, data_dependent=data_dependent)
+    return CommOp(OpKind.PULL, worker(peer), 2, nbytes, nbytes, False, serving_thread(peer),
+                  data_dependent=data_dependent)
 
 
 class Kind(enum.IntEnum):

@@ -18,6 +18,7 @@ steps left, so the last round ends exactly at the last step and the final model 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 SCHEDULES = ("constant", "qsr", "linear", "post_local")
@@ -61,3 +62,34 @@ def growth_period(alpha: float, lr: float, power: float) -> int:
         return 2**62
     ratio = (alpha / lr) ** power
     return int(min(math.floor(ratio), 2**62))
+
+
+@dataclass(frozen=True)
+class RoundSteps:
+    """Where a run's synchronisations fall, derived once from its rule and learning rates (what a
+    declared communication pattern reads): the steps that average gradients (post-local SGD's
+    first phase), the steps whose local update ends a round (in order), and whether local steps
+    are left after the last of them (then `finalize` averages once more)."""
+
+    parallel: frozenset[int]
+    rounds: tuple[int, ...]
+    local_after_last: bool
+
+
+def round_steps(rule: SyncRule, lr_at: Callable[[int], float]) -> RoundSteps:
+    """The plugin's own bookkeeping, replayed: H is picked at the start and after every
+    synchronisation (`period_after`), a round ends once H local steps are done."""
+    period, local = rule.period_after(0, lr_at(0)), 0
+    parallel, rounds = [], []
+    for step in range(rule.total_steps):
+        if rule.parallel_at(step):
+            parallel.append(step)
+        else:
+            local += 1
+            if local < period:
+                continue
+            rounds.append(step)
+        local = 0
+        if step + 1 < rule.total_steps:
+            period = rule.period_after(step + 1, lr_at(step + 1))
+    return RoundSteps(frozenset(parallel), tuple(rounds), local > 0)

@@ -54,10 +54,12 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from dist_algos.comm.accounting import CommStats, allreduce_bytes
+from dist_algos.comm.accounting import CommStats, allreduce_op, now
+from dist_algos.comm.pattern import CommOp, OpKind
 
 ACTIVATE, STOP = 0, 1
 MESSAGE_BYTES = 16
+THREAD = "wagma-comm"  # the communication thread's name (the time ledger's `thread`)
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class Round:
     is_global: bool
     members: list[int]  # global ranks in this rank's group (every rank for a global round)
     group: Any  # the process group this rank's communication thread reduces on
+    label: str = "world"  # the group's symbolic name in the time ledger (`world`, `wagma:<phase>`)
 
 
 @dataclass
@@ -131,7 +134,7 @@ class WaitAvoidingAverager:
     def start(self, first_round: int) -> None:
         self._completed = self._folded = first_round - 1
         self._threads = [threading.Thread(target=self._listen, name="wagma-listener", daemon=True),
-                         threading.Thread(target=self._run, args=(first_round,), name="wagma-comm", daemon=True)]
+                         threading.Thread(target=self._run, args=(first_round,), name=THREAD, daemon=True)]
         for t in self._threads:
             t.start()
 
@@ -244,18 +247,25 @@ class WaitAvoidingAverager:
         with self._cv:
             targets = [p for p in rnd.members if p != self.rank and self._peer_round.get(p, -1) < rnd.index]
         message = torch.tensor([ACTIVATE, rnd.index], dtype=torch.int64)
-        self.comm.add(sent=MESSAGE_BYTES * len(targets))
-        return [dist.isend(message, dst=p, group=self.signal_group) for p in targets]
+        issued = now()
+        works = [dist.isend(message, dst=p, group=self.signal_group) for p in targets]
+        if targets:  # (sent while the round runs: their completion is not waited for here)
+            op = CommOp(OpKind.SEND, rnd.label, len(rnd.members), MESSAGE_BYTES, MESSAGE_BYTES * len(targets),
+                        False, THREAD)
+            self.comm.record(op, issued, now(), step=rnd.index)
+        return works
 
     def _reduce(self, rnd: Round) -> None:
         size = len(rnd.members)
         if size == 1:  # a group of one (group_size=1): the sum is the own model
             return
+        issued = now()
         with self.comm.timed():
             for w in self._work:
                 dist.all_reduce(w, op=dist.ReduceOp.SUM, group=rnd.group)
         nbytes = sum(w.numel() * w.element_size() for w in self._work)
-        self.comm.add(sent=allreduce_bytes(nbytes, size), recv=allreduce_bytes(nbytes, size), syncs=1)
+        self.comm.record(allreduce_op(nbytes, size, rnd.label, THREAD, blocking=rnd.is_global), issued, now(),
+                         syncs=1, step=rnd.index)
 
     def _finish_round(self, rnd: Round, version: int) -> None:
         size = len(rnd.members)

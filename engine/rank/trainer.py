@@ -28,6 +28,7 @@ from engine.plan import RunPlan
 from engine.rank.run_facts import run_facts
 from engine.rank.rank_data import agree_steps_per_epoch, data_request, reestimation_batches
 from engine.rank.restore import restore_or_start
+from engine.report.ledger_writer import DATA_WAIT, FORWARD_BACKWARD, IMBALANCE, OPTIMIZER, PLUGIN, RankLedger
 from engine.report.run_report import RunReport
 from engine.report.summary import gather_summary
 from engine.train.checkpointer import Checkpointer
@@ -74,6 +75,11 @@ class Trainer:
         self.local = LocalStep(cfg.train, ctx, self.model, self.optimizer, plan.batch.micro, self.task,
                                self.compute, self.algo.no_sync)
         self.imbalance = ImbalanceInjector(cfg.train.imbalance, ctx.rank)
+        # the time ledger (report.ledger): this rank's compute segments and the plugin's communications
+        self.ledger = RankLedger.build(cfg.report, plan.run_dir, ctx.rank, ctx.world_size, ctx.local_size,
+                                       self.total_steps, self.steps_per_epoch, self.model)
+        self.algo.comm.log = self.ledger.log()
+        self.optimizer_step = self.ledger.timed(OPTIMIZER, self.local.optimizer_step)
         # faults name ranks; in fault-tolerant mode a rank is a replica (a world of its own)
         self.faults = FaultInjector(cfg.faults, replica.index if replica else ctx.rank,
                                     replica.count if replica else ctx.world_size, plan.run_dir)
@@ -139,6 +145,7 @@ class Trainer:
             rounds.stop_pending = lambda: stop.signal.received is not None
             stop.agreement = lambda: rounds.stop_note
         stopped: Optional[str] = None
+        self.ledger.start(st.step)
         try:
             stopped = None if stop.resumed_spent(st, cfg.train, self.reporting) else self._loop(stop)
             return self._finish() if stopped is None else None
@@ -160,9 +167,12 @@ class Trainer:
         clock.resume()
         while st.step < self.total_steps:
             t0 = time.perf_counter()
+            self.ledger.begin_step(st.step)
             if self.is_worker:
                 batch = next(batches)
-                clock.waited(time.perf_counter() - t0)
+                t1 = time.perf_counter()
+                clock.waited(t1 - t0)
+                self.ledger.segment(DATA_WAIT, t0, t1)
                 self._train_step(*batch, t0)
             epoch_end = st.advance(self.steps_per_epoch)
             if (epoch_end or self._healed) and st.step < self.total_steps:
@@ -186,10 +196,12 @@ class Trainer:
             if self.checkpointer.will_save(st, epoch_end, improved):
                 with clock.paused():
                     self.checkpointer.after_step(st, epoch_end, improved)
+                    self.ledger.flush()
             reason = stop.reason(st.step)
             if reason is not None:
                 clock.pause()
                 self.checkpointer.save(st, reason.kind)
+                self.ledger.flush()
                 return reason.message
         clock.pause()
         return None
@@ -213,10 +225,18 @@ class Trainer:
     def _train_step(self, x: torch.Tensor, y: torch.Tensor, t0: float) -> None:
         st = self.state
         lr = self.schedule.apply(self.optimizer, st.step)
+        t1 = time.perf_counter()
         loss, hits = self.local.backward(x, y)
-        self.imbalance.inject(st.step, time.perf_counter() - t0)
+        t2 = time.perf_counter()
+        self.ledger.segment(FORWARD_BACKWARD, t1, t2)
+        if self.imbalance.inject(st.step, t2 - t0):
+            t3 = time.perf_counter()
+            self.ledger.segment(IMBALANCE, t2, t3)
+        else:
+            t3 = t2
         self.algo.step(StepContext(step=st.step, epoch=st.epoch, loss=loss, lr=lr,
-                                   optimizer_step=self.local.optimizer_step))
+                                   optimizer_step=self.optimizer_step))
+        self.ledger.segment(PLUGIN, t3, time.perf_counter())
         self.optimizer.zero_grad(set_to_none=False)
         st.samples_seen += len(x) * self.plan.num_train_ranks
         if self.report:
@@ -230,11 +250,13 @@ class Trainer:
 
     def _finish(self) -> Optional[dict[str, Any]]:
         st = self.state
+        self.ledger.begin_step(st.step)  # (what finalize communicates belongs to the end, step = total)
         if not st.finalized:
             self.algo.finalize(self.model)
             st.finalized = True
         result, improved = self._evaluate()
         self.checkpointer.at_end(st, improved)
+        self.ledger.flush()
         mine = {"rank": self.ctx.rank, "worker": self.is_worker, "comm": self.algo.comm.as_metrics(),
                 "algo": self.algo.summary(), "imbalance_s": self.imbalance.injected_s,
                 **({"ft": self.ft_rounds.summary()} if self.ft_rounds is not None else {})}

@@ -100,3 +100,13 @@ def reference_of(cls: type[DistAlgorithm]) -> Optional[Any]:
         f"algo={cls.name} declares no reference: add `reference = \"tests.support.references:NAME\"` (a "
         f"tests.support.references.Reference simulating its update in one process, see tests/support/references.py) or "
         f"`reference_exemption = \"why none can exist and what tests the update instead\"` to {where(cls)}")
+
+
+def declared_pattern(cls: type[DistAlgorithm]) -> None:
+    """A plugin must declare its communication pattern (what the time ledger checks and the
+    projection reads); one that does not is a `MissingDeclaration` naming what to add and where."""
+    if not cls.declares_pattern():
+        raise MissingDeclaration(
+            f"algo={cls.name} declares no communication pattern: add the classmethod `comm_pattern(cls, rank, step, "
+            f"world, config, layout) -> list[CommOp]` (dist_algos.base.DistAlgorithm.comm_pattern; docs/"
+            f"writing_a_plugin.md, \"Declaring the communication pattern\") to {where(cls)}")
