@@ -26,6 +26,10 @@ made of, sqrt(SE(R@V - B@V)^2 + SE(R@iid - B@iid)^2).
 Every comparison with an interval has a p-value (tables/stats.py) and the family is
 corrected by Holm's step-down method: a comparison is **resolved** when its Holm-adjusted p is
 below 0.05, and its corrected interval is drawn at the level of the Holm step that decided it.
+Its intervals stay in the range a difference can take (tables/ranges.py). A paired comparison
+with a seed whose two runs ran on different machine types is flagged, or refused
+(`table.mixed_machines`, tables/machines.py). What each comparison could resolve is
+tables/resolution.py's.
 """
 from __future__ import annotations
 
@@ -35,10 +39,12 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from tables.config import TableConfig
+from tables.machines import mixed_note
 from tables.measure import Headline, is_proportion
-from tables.runs import EVALUATED_ON, Summary, row_of, set_size, split_fact, variant_of
-from tables.stats import (LEVEL, Difference, difference, difference_se_floor, holm, holm_levels,
-                                 min_detectable, one_sample, seeds_for, two_samples)
+from tables.power import Resolution, RowPower
+from tables.ranges import difference_bounds
+from tables.runs import EVALUATED_ON, Summary, row_of, scored_units, split_fact, variant_of
+from tables.stats import LEVEL, Difference, difference, difference_se_floor, holm, holm_levels, one_sample, two_samples
 
 ALPHA = 1 - LEVEL
 
@@ -57,6 +63,7 @@ class Comparison:
     level: Optional[float] = None  # the Holm step's level (its interval: 1 - level)
     low_holm: Optional[float] = None
     high_holm: Optional[float] = None
+    machines: str = ""  # a paired comparison across machine types: which seeds (tables/machines.py)
 
     @property
     def p(self) -> Optional[float]:
@@ -69,23 +76,11 @@ class Comparison:
 
 
 @dataclass
-class Resolution:
-    """What one variant's paired comparisons with the baseline could resolve."""
-    variant: str
-    comparisons: int  # paired comparisons the spread is taken from
-    seeds: int
-    sd: Optional[float]  # median standard deviation of their per-seed differences
-    n_examples: Optional[int]
-    mdd: Optional[float]  # smallest difference resolved with 80% power at alpha 0.05
-    mdd_holm: Optional[float]  # the same at Holm's strictest level, alpha / m
-    seeds_for_target: Optional[int] = None
-
-
-@dataclass
 class Family:
     comparisons: list[Comparison] = field(default_factory=list)
     notes: dict[str, str] = field(default_factory=dict)  # label -> one line (one-process skew)
-    resolution: list[Resolution] = field(default_factory=list)
+    resolution: list[Resolution] = field(default_factory=list)  # per variant (tables/resolution.py)
+    powers: dict[str, RowPower] = field(default_factory=dict)  # label -> its own power (tables/resolution.py)
 
     @property
     def size(self) -> int:
@@ -153,11 +148,11 @@ def one_process_skew(runs: dict[str, dict[int, Summary]], label: str) -> bool:
 
 def n_examples(table: TableConfig, runs: dict[str, dict[int, Summary]], labels: list[str],
                metric: str) -> Optional[int]:
-    """The evaluation set's size under an accuracy's floor (the smallest the runs record; None for
-    a metric that is not a proportion, or where no size is known)."""
+    """The units an accuracy's floor counts (tables/runs.py `scored_units`: the smallest the runs
+    record; None for a metric that is not a proportion, or where no size is known)."""
     if not is_proportion(metric):
         return None
-    sizes = [set_size(s, metric, table) for label in labels for s in runs.get(label, {}).values()]
+    sizes = [scored_units(s, metric, table) for label in labels for s in runs.get(label, {}).values()]
     known = [n for n in sizes if n]
     return min(known) if known else (table.test_examples if metric.startswith("test") else table.val_examples)
 
@@ -168,10 +163,13 @@ def _pair(table: TableConfig, runs: dict[str, dict[int, Summary]], kind: str, a:
     if not va or not vb:
         return None
     why = pairing(runs, a, b)
-    diff = difference(va, vb, n_examples=n_examples(table, runs, [a, b], metric), paired=not why)
+    diff = difference(va, vb, n_examples=n_examples(table, runs, [a, b], metric), paired=not why,
+                      bounds=difference_bounds(metric))
     if diff is not None and diff.method == "welch" and not why:
         why = "their seeds differ"
-    return Comparison(kind, name, a, b, variant_of(a), diff, why)
+    paired = diff is not None and diff.method == "paired"
+    mixed = mixed_note(runs, a, b, table.mixed_machines, table.name) if paired else ""
+    return Comparison(kind, name, a, b, variant_of(a), diff, why, machines=mixed)
 
 
 def _interaction(table: TableConfig, runs: dict[str, dict[int, Summary]], row: str, base: str, v: str,
@@ -190,10 +188,11 @@ def _interaction(table: TableConfig, runs: dict[str, dict[int, Summary]], row: s
     reference = statistics.fmean(r0.values()) - statistics.fmean(b0.values())
     se_set = math.hypot(difference_se_floor(skewed, n), difference_se_floor(reference, n))
     why = pairing(runs, labels[0], labels[2]) or pairing(runs, labels[1], labels[3])
+    bounds = difference_bounds(metric, terms=2)
     if not why and set(drops_row) == set(drops_base):
-        diff = one_sample([drops_row[s] - drops_base[s] for s in sorted(drops_row)], se_set)
+        diff = one_sample([drops_row[s] - drops_base[s] for s in sorted(drops_row)], se_set, bounds=bounds)
     else:
-        diff = two_samples(list(drops_row.values()), list(drops_base.values()), se_set)
+        diff = two_samples(list(drops_row.values()), list(drops_base.values()), se_set, bounds=bounds)
         why = why or "their seeds differ"
     name = f"{row}: ({v} - {v0}) - {base}'s"
     return Comparison("interaction", name, labels[0], labels[2], v, diff, why if diff.method == "welch" else "",
@@ -247,7 +246,6 @@ def build_family(table: TableConfig, runs: dict[str, dict[int, Summary]], head: 
         if found:
             family.comparisons.append(found)
     correct(family)
-    family.resolution = resolution(table, runs, family, metric)
     return family
 
 
@@ -258,26 +256,3 @@ def correct(family: Family) -> None:
     for c, adjusted, level in zip(tested, holm(pvalues), holm_levels(pvalues, ALPHA)):  # type: ignore[arg-type]
         c.p_holm, c.level = adjusted, level
         c.low_holm, c.high_holm = c.diff.interval(1 - level)
-
-
-def resolution(table: TableConfig, runs: dict[str, dict[int, Summary]], family: Family,
-               metric: str) -> list[Resolution]:
-    """Per variant: the median spread of its paired per-seed differences from the baseline, and the
-    smallest difference that spread resolves with 80% power, alone and at Holm's strictest level."""
-    out = []
-    variants = list(dict.fromkeys(variant_of(r.label) for r in table.rows))
-    m = max(family.size, 1)
-    for v in variants:
-        paired = [c for c in family.comparisons if c.kind == "baseline" and c.variant == v
-                  and c.diff.method == "paired" and c.diff.se_seed is not None]
-        if not paired:
-            out.append(Resolution(v, 0, len(table.seeds), None, None, None, None))
-            continue
-        sds = [c.diff.se_seed * math.sqrt(c.diff.seeds) for c in paired]  # type: ignore[operator]
-        sd = statistics.median(sds)
-        k = int(statistics.median(c.diff.seeds for c in paired))
-        n = n_examples(table, runs, [c.a for c in paired] + [c.b for c in paired], metric)
-        target_seeds = seeds_for(table.resolve_target, sd, n) if table.resolve_target else None
-        out.append(Resolution(v, len(paired), k, sd, n, min_detectable(sd, k, n), min_detectable(sd, k, n, ALPHA / m),
-                              target_seeds))
-    return out

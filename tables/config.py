@@ -175,6 +175,9 @@ class TableConfig(Section):
     resolve_target: Optional[float] = option(None, gt=0)
     # run on a tree with uncommitted changes (refused otherwise); table.md says so
     allow_dirty: bool = False
+    # a paired comparison with a seed whose two runs ran on different machine types (core/machine.py):
+    # flag (table.md says so) or refuse (the gather ends in one line; tables/machines.py)
+    mixed_machines: str = option("flag", choices=("flag", "refuse"))
     # a folder each finished run's record is carried to, and restored from when the table starts
     # (tables/store.py): commit it, and a fresh checkout resumes the table; a relative path
     # is the repository's
@@ -200,6 +203,9 @@ class TableConfig(Section):
     # run nothing: gather the rows whose every seed is made (a table made over days: what it says so
     # far); table.md is titled partial and lists the rows still to make
     gather_only: bool = False
+    # gather from a published runs.csv instead of runs (a table made before stores; implies
+    # gather_only; a relative path is the repository's; tables/runs_csv.py)
+    runs_csv: Optional[str] = None
     launcher: TableLauncher = TableLauncher.local
     row_timeout_s: Optional[float] = option(None, gt=0)
 
@@ -316,26 +322,6 @@ def expand_rows(table: TableConfig) -> TableConfig:
 def row_name(label: str) -> str:
     """A label without its `@variant`."""
     return label.partition("@")[0]
-
-
-def batch_rule(table: TableConfig) -> str:
-    """The workers axis's batch rule in words, for table.md ("" without the axis)."""
-    axis = table.workers
-    if not axis.counts:
-        return ""
-    counts = ", ".join(str(n) for n in sorted({int(r.x) for r in table.rows if r.x is not None}))
-    if axis.batch == WorkerBatch.global_constant:
-        rule = (f"the global batch is {axis.global_batch} at every count (train.global_batch_size): each worker "
-                f"takes {axis.global_batch} / N samples per step, and the learning rate is the recipe's, or "
-                f"lr x update batch / B where a row sets optim.scale_lr_with_batch=B (a parameter server's update "
-                f"is one worker's push, {axis.global_batch} / N samples)")
-    else:
-        rule = ("each worker keeps its recipe's batch (train.batch_size), so the global batch grows with the "
-                "workers; the learning rate follows each recipe's rule (its optim.lr, or lr x update batch / B "
-                "where the recipe sets optim.scale_lr_with_batch=B: the global batch, a worker's batch for a "
-                "parameter server)")
-    return (f"Workers axis: every row at {counts} training workers (label `<row>.w<N>`; launch.nproc = N plus "
-            f"the row's extra ranks, a parameter server's). Batch rule: {rule}.")
 
 
 def row_grid(table: TableConfig, row: RowConfig) -> dict[str, list[Any]]:

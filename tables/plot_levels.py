@@ -10,7 +10,8 @@ from typing import Any, Optional
 
 from tables.config import headline
 from tables.measure import is_proportion
-from tables.plot_style import bounds, clipped_error, metric_label, row_styles, suptitle, title, variants_in
+from tables.plot_style import (bounds, clipped_error, metric_label, row_styles, suptitle, title, unstable_mark,
+                               unstable_name, variants_in)
 from tables.runs import row_of, variant_of
 
 
@@ -41,13 +42,14 @@ def levels_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> Any:
         for y, rec in enumerate(rows):
             below, above = clipped_error(rec[metric], rec.get(f"{metric}_ci95"), low, high)
             ax.errorbar([rec[metric]], [y], xerr=[[below], [above]], fmt="o", ms=4, capsize=2,
-                        color=_verdict_colour(rec, sign))
+                        color=_verdict_colour(rec, sign), **unstable_mark(rec))
         base = next((r for r in rows if r["label"] == r.get("baseline")), None)
         if base is not None:
             ax.axvline(base[metric], color="black", lw=0.8, ls="--")
-        ax.set_yticks(range(len(rows)), [row_of(r["label"]) for r in rows], fontsize=8)
+        ax.set_yticks(range(len(rows)), [unstable_name(r, row_of(r["label"])) for r in rows], fontsize=8)
         ax.set(xlabel=f"final {metric_label(metric)}, mean and 95% interval over seeds",
-               title=f"{variant or table.name}: red/green = resolved from {row_of(base['label']) if base else 'the baseline'}")
+               title=f"{variant or table.name}: red/green = resolved from {row_of(base['label']) if base else 'the baseline'}"
+                     f"{'; hollow: unstable (seeds spread past the range)' if any(r.get('unstable') for r in rows) else ''}")
         if is_proportion(metric):
             ax.set_xlim(-0.02, 1.02)
         ax.title.set_fontsize(9)
@@ -104,11 +106,12 @@ def differences_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> A
         for y, (rec, (below, above)) in enumerate(zip(rows, bars)):
             marker = "s" if rec.get("diff_method") == "welch" else "o"
             ax.errorbar([rec["diff"]], [y], xerr=[[below], [above]], fmt=marker, ms=4, capsize=2,
-                        color=_verdict_colour(rec, sign))
+                        color=_verdict_colour(rec, sign), **unstable_mark(rec))
         ax.axvline(0.0, color="black", lw=0.8, ls="--")
         base = rows[0].get("baseline") if rows else None
-        ax.set_yticks(range(len(rows)), [row_of(r["label"]) + (" (Welch)" if r.get("diff_method") == "welch" else "")
-                                         for r in rows], fontsize=8)
+        ax.set_yticks(range(len(rows)), [unstable_name(r, row_of(r["label"]) + (" (Welch)" if r.get("diff_method")
+                                                                               == "welch" else "")) for r in rows],
+                      fontsize=8)
         scale = ""
         ax.margins(x=0.05)
         if span is not None:
@@ -123,7 +126,8 @@ def differences_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> A
         ax.set(xlabel=f"{metric_label(metric)} - {row_of(base) if base else 'baseline'} ({corrected}; "
                       f"{'higher' if sign > 0 else 'lower'} is better{scale})",
                title=f"{variant or table.name}: difference from {row_of(base) if base else 'the baseline'}; "
-                     f"green/red = resolved better/worse")
+                     f"green/red = resolved better/worse"
+                     f"{'; hollow: unstable' if any(r.get('unstable') for r in rows) else ''}")
         ax.title.set_fontsize(9)
         ax.xaxis.label.set_fontsize(8)
         ax.grid(axis="x", lw=0.3)
@@ -164,6 +168,13 @@ def workers_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> Any:
             line = acc_ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=err, ms=3,
                                    capsize=2, label=name, **styles[name])
             handles.setdefault(name, line)
+        shaky = [r for r in records if r.get("unstable") and r.get("x") is not None
+                 and variant_of(r["label"]) == variant and isinstance(r.get(metric), (int, float))]
+        for rec in shaky:  # hollow: seeds spread past the metric's range (tables/ranges.py)
+            acc_ax.plot([float(rec["x"])], [float(rec[metric])], "o", ms=6, mfc="white", mew=1.2,
+                        color=styles[row_of(rec["series"])]["color"], zorder=3)
+        if shaky:
+            acc_ax.annotate("hollow: unstable", (0.01, 0.02), xycoords="axes fraction", fontsize=7)
         for name, points in workers_series(records, "comm_bytes", variant).items():
             bytes_ax.errorbar([p[0] for p in points], [max(p[1] / 1e6, 1e-3) for p in points],
                               yerr=[p[2] / 1e6 for p in points], ms=3, capsize=2, label=name, **styles[name])
@@ -253,7 +264,8 @@ def pareto_figure(plt: Any, table: Any, records: list[dict[str, Any]]) -> Any:
     for n, (rec, (x, y)) in enumerate(zip(ok, points), 1):
         on_front = n - 1 in front
         colour = colours[variants.index(variant_of(rec["label"])) % len(colours)] if on_front else "black"
-        fig.text(0.66, 1 - (0.65 + LIST_LINE_IN * (n - 1)) / height, f"{n:>2}  {rec['label']}: {x:.1f} MB, {y:.4f}",
+        fig.text(0.66, 1 - (0.65 + LIST_LINE_IN * (n - 1)) / height,
+                 f"{n:>2}  {unstable_name(rec, rec['label'])}: {x:.1f} MB, {y:.4f}",
                  fontsize=8, family="monospace", color=colour)
     return fig
 

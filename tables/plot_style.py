@@ -10,13 +10,12 @@ is saved (every cli.py start imports this module's callers).
 from __future__ import annotations
 
 import io
-import math
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from tables.measure import is_proportion
+from tables.ranges import UNSTABLE, cell_bounds
 from tables.runs import variant_of
 
 if TYPE_CHECKING:
@@ -81,7 +80,17 @@ def clipped_error(mean: float, half: Optional[float], low: float = 0.0, high: fl
 
 def bounds(metric: str) -> tuple[float, float]:
     """What a metric can take: [0, 1] for an accuracy, [0, inf) for a loss or a count."""
-    return (0.0, 1.0) if is_proportion(metric) else (0.0, math.inf)
+    return cell_bounds(metric)
+
+
+def unstable_mark(rec: dict[str, Any]) -> dict[str, Any]:
+    """How a row marked unstable (tables/ranges.py) is drawn: a hollow marker, so that its interval,
+    cut at the metric's range, is not read as a tight one."""
+    return {"mfc": "white", "mew": 1.2} if rec.get(UNSTABLE) else {}
+
+
+def unstable_name(rec: dict[str, Any], name: str) -> str:
+    return f"{name} (unstable)" if rec.get(UNSTABLE) else name
 
 
 def metric_label(metric: str) -> str:

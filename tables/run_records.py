@@ -154,6 +154,11 @@ class RunRecords(ABC):
     def has(self, rel: str) -> bool:
         """Whether `rel` is a finished run here."""
 
+    def under(self, prefix: str) -> list[str]:
+        """The finished runs inside the folder `prefix` (a row's tuning runs: `<label>/tune`), sorted."""
+        head = prefix.rstrip("/") + "/"
+        return [rel for rel in self.runs() if rel.startswith(head)]
+
     @abstractmethod
     def text(self, rel: str, name: str) -> Optional[str]:
         """One of TEXT_FILES of a finished run, exactly as the run wrote it (None: not there)."""
@@ -203,6 +208,9 @@ class FolderRecords(RunRecords):
 
     def runs(self) -> list[str]:
         return finished_runs(self.root)
+
+    def under(self, prefix: str) -> list[str]:
+        return [f"{prefix.rstrip('/')}/{rel}" for rel in finished_runs(self.root / prefix)]
 
     def has(self, rel: str) -> bool:
         return (self.root / rel / SUMMARY).is_file()
@@ -273,6 +281,9 @@ class Overlay(RunRecords):
 
     def runs(self) -> list[str]:
         return sorted({rel for layer in self.layers for rel in layer.runs()})
+
+    def under(self, prefix: str) -> list[str]:
+        return sorted({rel for layer in self.layers for rel in layer.under(prefix)})
 
     def has(self, rel: str) -> bool:
         return self._layer(rel) is not None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -41,18 +42,24 @@ from engine.config import RunConfig, load_run_config
 from tables.cross_task import across_lines, read_verdicts
 from tables.compare import n_examples
 from tables.config import (RowConfig, SplitSeeds, TableConfig, TableLauncher, headline, load_table, row_args,
-                                  row_dir, row_grid, tie_direction, tie_seeds)
+                           row_dir, row_grid)
 from tables.plots import draw_table_plots
 from tables.jobs import JOBS_FILE, JobRecord, production_lines, read_jobs
+from tables.machines import machine_lines
 from tables.provenance import check_tree, mixed_notice, provenance_lines, table_folders
 from tables.render import collect, render_markdown, write_csv
 from tables.run_records import FolderRecords, RunsAt, records_of
-from tables.runs import EVALUATED_ON, Summary, read_runs, row_rel, split_fact, write_runs_csv
+from tables.runs import EVALUATED_ON, read_runs, row_rel, split_fact, unit_name, write_runs_csv
+from tables.runs_csv import RECORD_PLOTS, CsvRecords, carried_tuning
 from tables.store import (append_job, carry_if_missing, check_store, claim_folder, gather_view, restore, save_run,
                                  store_identity, store_path)
 from tables.time_left import made_runs, time_left_text
-from tables.tuning import (Setting, TunePolicy, Tuned, choose, extend_grid, grid_settings, row_seeds,
-                                  setting_name, setting_overrides, stale_setting, tune_dir, tune_rel)
+from tables.tuning import Setting, Tuned, setting_overrides, stale_setting
+from tables.tuning_runs import (chosen, tune_policy, tuned_so_far, tuning_grid, tuning_jobs, tuning_seeds,
+                                tuning_summaries)
+
+__all__ = ["chosen", "compose_row", "describe_run", "run_table", "set_aside_if_stale", "tune_policy", "tuning_grid",
+           "tuning_jobs", "tuning_seeds"]
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -211,78 +218,6 @@ def _run_jobs(table: TableConfig, jobs: list[tuple[str, list[str], RunDir]], pha
     return status
 
 
-def tune_policy(table: TableConfig) -> TunePolicy:
-    """How the table's grids choose (tables/tuning.py): its selection metric and direction,
-    its tie metric, and the extra tuning seed a one-seed grid gets when it cannot choose."""
-    return TunePolicy(metric=table.select_metric, better=headline(table).select_better, tie_metric=table.tie_metric,
-                      tie_better=tie_direction(table), val_examples=table.val_examples,
-                      tie_seeds=tuple(tie_seeds(table)) if len(table.tune_seeds) < 2 else (),
-                      stability_keys=tuple(table.tune_stability_keys), resolution=table.tune_resolution,
-                      margin_cost=table.tune_margin_cost)
-
-
-def tuning_grid(table: TableConfig, row: RowConfig, out: RunsAt) -> tuple[dict[str, list[Any]], int]:
-    """The row's grid as run: its own, extended beyond a winning edge (`table.tune_extend`), and
-    how many points the extension added."""
-    return extend_grid(out, row.label, row_grid(table, row), table.tune_seeds, table.select_metric,
-                       table.tune_extend, tune_policy(table))
-
-
-def tuning_seeds(table: TableConfig, row: RowConfig, out: RunsAt, grid: dict[str, list[Any]]) -> list[int]:
-    """The seeds a row's grid runs on: the tuning seeds, and the tie seed where one seed could not choose."""
-    return row_seeds(out, row.label, grid, table.tune_seeds, table.select_metric, tune_policy(table))
-
-
-def tuning_jobs(table: TableConfig, out: Path) -> list[tuple[str, list[str], RunDir]]:
-    """Every tuned row's grid on its tuning seeds."""
-    jobs = []
-    for row in table.rows:
-        grid = tuning_grid(table, row, out)[0]
-        for setting in grid_settings(grid) if grid else []:
-            for seed in tuning_seeds(table, row, out, grid):
-                run_dir = tune_dir(out, row.label, setting, seed)
-                jobs.append((f"{row.label} {setting_name(setting)} seed {seed}",
-                             row_args(table, row, seed, run_dir, setting_overrides(setting)), run_dir))
-    return jobs
-
-
-def chosen(table: TableConfig, out: RunsAt) -> dict[str, Tuned]:
-    """Each tuned row's grid results and winner, from the tuning runs written so far."""
-    found = {}
-    for row in table.rows:
-        if row_grid(table, row):
-            grid, added = tuning_grid(table, row, out)
-            found[row.label] = replace(choose(out, row.label, grid, tuning_seeds(table, row, out, grid),
-                                              table.select_metric, tune_policy(table)), extended=added)
-    return found
-
-
-def tuned_so_far(table: TableConfig, shown: TableConfig, out: RunsAt) -> tuple[dict[str, Tuned], list[str]]:
-    """table.gather_only's tuning: every row of `shown` (they need their choice), and beside them
-    each row whose grid is complete though none of its reported runs is shown yet, so that a choice
-    (within noise, at an edge, a divergence) can be read while the table is still being produced;
-    and a line naming the rows whose grids are still running."""
-    tuned = chosen(table, out)
-    keep = {r.label for r in shown.rows}
-    running = [f"{label} ({sum(runs for _, _, runs in t.results)} of {len(t.results) * len(t.seeds)} runs)"
-               for label, t in tuned.items() if label not in keep and not t.complete]
-    lines = [f"Tuning: the grids of {sum(t.complete for t in tuned.values())} of {len(tuned)} tuned rows are "
-             f"complete and shown under Tuning (a complete grid's choice is final).", ""]
-    if running:
-        lines += [f"Grids still running (not shown): {', '.join(running)}.", ""]
-    return {label: t for label, t in tuned.items() if label in keep or t.complete}, lines
-
-
-def tuning_summaries(table: TableConfig, out: RunsAt, tuned: dict[str, Tuned]) -> dict[str, dict[int, Summary]]:
-    """The tuning runs' summaries (label -> index -> summary), for the provenance section."""
-    records = records_of(out)
-    found: dict[str, dict[int, Summary]] = {}
-    for label, result in tuned.items():
-        runs = [tune_rel(label, setting, s) for setting, _, _ in result.results for s in result.seeds]
-        found[label] = {i: summary for i, rel in enumerate(runs) if (summary := records.summary(rel)) is not None}
-    return found
-
-
 def final_jobs(table: TableConfig, out: Path, tuned: dict[str, Tuned]) -> list[tuple[RowConfig, int, list[str]]]:
     """(row, seed, arguments) of the reported runs; a tuned row without a winner has none."""
     jobs = []
@@ -349,6 +284,8 @@ def run_table(node: DictConfig, out: Path) -> int:
         claim_folder(out, store_identity(table), {row.label for row in table.rows})
     out.mkdir(parents=True, exist_ok=True)
     runs_at: RunsAt = out  # where the table's finished runs are read (a gather reads its store where it is)
+    if table.runs_csv and not table.dry_run:
+        return rerender(table, out)
     if table.store and not table.dry_run and table.gather_only:
         runs_at = gather_view(store_path(table), out, store_identity(table))
         print(f"table {table.name}: reading the finished runs of table.store {store_path(table)} where they are "
@@ -410,22 +347,46 @@ def run_table(node: DictConfig, out: Path) -> int:
     return write_table(table, out, status, tuned, failed_tuning, [])
 
 
+def rerender(table: TableConfig, out: Path) -> int:
+    """`table.runs_csv`: the table gathered from a published runs.csv under today's rules
+    (tables/runs_csv.py): its jobs.jsonl beside it, each tuned row's setting from its table.csv, the
+    figures drawn from records alone."""
+    path = REPO / str(table.runs_csv)
+    runs_at = CsvRecords(path)
+    if (path.parent / JOBS_FILE).is_file():
+        shutil.copyfile(path.parent / JOBS_FILE, out / JOBS_FILE)
+    shown, partial = made_so_far(table, runs_at)
+    carried = carried_tuning(path)
+    note = [f"Re-rendered from {path.parent.name}/runs.csv (table.runs_csv) under the rules of issue 88: runs.csv "
+            f"holds each reported run's facts and final values, not the tuning runs nor any curve, so each tuned "
+            f"row keeps the setting its table.csv names (its grid is in the original table.md, in git) and only "
+            f"the figures drawn from final values are redrawn.", ""]
+    plots = [p for p in shown.plots if p in RECORD_PLOTS or p.startswith("speedup:")]
+    status = {(r.label, s): "done" for r in shown.rows for s in shown.seeds}
+    return write_table(replace(shown, plots=plots), out, status, {}, [], partial, runs_at, carried, note)
+
+
 def write_table(table: TableConfig, out: Path, status: dict[tuple[str, int], str], tuned: dict[str, Tuned],
-                failed_tuning: list[str], partial: list[str], runs_at: Optional[RunsAt] = None) -> int:
+                failed_tuning: list[str], partial: list[str], runs_at: Optional[RunsAt] = None,
+                carried: Optional[dict[str, dict[str, Any]]] = None, preface: Optional[list[str]] = None) -> int:
     """Gather the runs into table.md (also printed), table.csv, runs.csv and the plots; returns the
     exit code (non-zero if any row is not complete). `partial`: table.gather_only's lines; `runs_at`:
     where the runs are read (default: `out`; a gather's: its store too, tables/store.py)."""
     runs_at = out if runs_at is None else runs_at
     gathered = collect(table, out, status, tuned, runs_at)
+    for rec in gathered.records:  # (a re-render's tuned rows: their table.csv's setting)
+        rec.update((carried or {}).get(rec["label"], {}))
     version = code_version(ignore=table_folders(table, out))  # the commit the table is gathered at (it may have moved)
     n_test = n_examples(table, gathered.runs, [r.label for r in table.rows], table.compare_metric)
     tuning_runs = tuning_summaries(table, runs_at, tuned)
     finished = sum(len(by_seed) for found in (gathered.runs, tuning_runs) for by_seed in found.values())
     against = (across_lines(table.compare_metric, read_verdicts(gathered.records, headline(table).better)[0],
                             table.compare_with) if table.compare_with else None)
+    mixed = [c.machines for c in gathered.family.comparisons if c.machines]
     markdown = render_markdown(table, gathered.records, tuned, failed_tuning, gathered.family,
                                provenance_lines(table, version, gathered.runs, tuning_runs)
-                               + production_lines(out / JOBS_FILE, finished), n_test, partial, against)
+                               + machine_lines(gathered.runs, mixed) + production_lines(out / JOBS_FILE, finished),
+                               n_test, partial, against, unit_name(gathered.runs), preface)
     (out / "table.md").write_text(markdown)
     write_csv(out / "table.csv", gathered.records)
     write_runs_csv(out / "runs.csv", table, gathered.runs)

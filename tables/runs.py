@@ -5,19 +5,30 @@ runs.csv has one line per reported run (row x variant x seed): `label` (table.cs
 `variant`, `seed`, the code it ran (`commit`, `dirty`), what pairing depends on (`train_ranks`,
 `partition`, `dirichlet_alpha`, `classes_per_worker`), which data it was evaluated on (`split_seed`,
 and a generated set's `generator_seed`: they follow the seed under table.split_seeds=per_seed),
-the evaluation sets' sizes (`test_samples`,
-`val_samples`: the floor under accuracy intervals) and every reported metric: the table's columns
-and ratios, its headline and selection metrics, and every test or validation value the runs
-recorded (a language model's `bits_per_char` and `perplexity` included).
+the evaluation sets' sizes in examples (`test_samples`, `val_samples`) and in the units their
+accuracies count (`test_units`, `val_units`: the floor under accuracy intervals), the machine type
+it ran on (`machine`, core/machine.py; `unknown` for a run made before summary.json recorded it),
+and every reported metric: the table's columns and ratios, its headline and selection metrics, and
+every test or validation value the runs recorded (a language model's `bits_per_char` and
+`perplexity` included, and the loss's standard error over the set, `test_loss_se`, where recorded).
+
+What a metric counts (`scored_units`): an accuracy is a share of the units its task scores, which
+summary.json records from the task (`test_units`, core/task: samples; a language model's
+characters). A run made before that record counts them from its data split: a text set's windows
+times the context length (every position of a window predicts the next character: 512 windows of
+64 are 32,768 characters, not 512 examples), else its examples.
 """
 from __future__ import annotations
 
 import csv
+import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Optional
 
 from core.rundir import RunDir
+from core.spec import LANGUAGE_MODEL
+from core.task import TASKS
 from tables.config import RowConfig, TableConfig, row_dir, target
 from tables.config import row_name as row_of  # (the row of a `<row>@<variant>` label)
 from tables.measure import Better, evaluation_set, implied_direction, reaches
@@ -28,8 +39,9 @@ Summary = dict[str, Any]
 TASK_METRICS = ("bits_per_char", "perplexity")
 #: what fixes a run's validation and test data beyond the set's name (`data.<key>` in its config)
 EVALUATED_ON = ("split_seed", "generator_seed")
-FACTS = ["commit", "dirty", "train_ranks", "partition", "dirichlet_alpha", "classes_per_worker",
-         *EVALUATED_ON, "test_samples", "val_samples"]
+FACTS = ["commit", "dirty", "machine", "train_ranks", "partition", "dirichlet_alpha", "classes_per_worker",
+         *EVALUATED_ON, "test_samples", "val_samples", "test_units", "val_units"]
+UNKNOWN_MACHINE = "unknown"  # a run made before summary.json recorded its machine (core/machine.py)
 
 
 def reached(evals: Iterable[Record], target_value: float, metric: str = "test_acc",
@@ -82,10 +94,10 @@ def run_summary(table: TableConfig, row: RowConfig, seed: int, out: RunsAt) -> O
     for key in summary:
         if key in read_as_numbers or evaluation_set(key) is not None or key in TASK_METRICS:
             number(summary, key, records.where(rel, SUMMARY))
-    if target(table) is not None:
+    evals = records.metrics(rel, "eval") if target(table) is not None else None
+    if evals is not None:  # (runs read from a runs.csv have no records: their values as it gives them)
         summary["time_to_target_s"], summary["bytes_to_target"] = reached(
-            records.metrics(rel, "eval") or [], target(table), table.target_metric,
-            table.better or implied_direction(table.target_metric))
+            evals, target(table), table.target_metric, table.better or implied_direction(table.target_metric))
     return summary
 
 
@@ -108,17 +120,88 @@ def split_fact(summary: Summary, key: str) -> Any:
     return split.get(key, generated.get(key, summary.get(key)))
 
 
+def _positive(value: Any) -> Optional[int]:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+
+
+def metric_set(metric: str) -> Optional[str]:
+    """`test` or `val`: the set a metric was measured on (a task metric without a prefix is test's)."""
+    return evaluation_set(metric) or ("test" if metric in TASK_METRICS else None)
+
+
 def set_size(summary: Summary, metric: str, table: TableConfig) -> Optional[int]:
     """How many examples `metric` was measured on: the run's record (summary `test_samples` or
     `data_split.val_samples`), else the table's `test_examples`/`val_examples` (None: unknown,
     or a metric of no evaluation set)."""
-    which = evaluation_set(metric) or ("test" if metric in TASK_METRICS else None)
+    which = metric_set(metric)
     if which is None:
         return None
-    recorded = split_fact(summary, f"{which}_samples")
-    if isinstance(recorded, (int, float)) and recorded > 0:
-        return int(recorded)
+    recorded = _positive(split_fact(summary, f"{which}_samples"))
+    if recorded:
+        return recorded
     return table.test_examples if which == "test" else table.val_examples
+
+
+def recorded_units(summary: Summary, which: str) -> Optional[int]:
+    """The units a set's shares count as the run records them (`<set>_units`, from its task), or
+    as its data split gives them (a text set's windows x context length, else its examples);
+    None where neither says."""
+    recorded = _positive(summary.get(f"{which}_units"))
+    if recorded:
+        return recorded
+    examples = _positive(split_fact(summary, f"{which}_samples"))
+    context = _positive(split_fact(summary, "context_length"))
+    if summary.get("task") == LANGUAGE_MODEL and not context:
+        return None  # windows of an unknown length: no count rather than a wrong one
+    return examples * context if examples and context else examples
+
+
+def scored_units(summary: Summary, metric: str, table: TableConfig) -> Optional[int]:
+    """How many units an accuracy `metric` is a share of (module doc): the run's record, else the
+    table's `test_examples`/`val_examples` (which a table states in the units its task scores)."""
+    which = metric_set(metric)
+    if which is None:
+        return None
+    return recorded_units(summary, which) or (table.test_examples if which == "test" else table.val_examples)
+
+
+def loss_set_se(summary: Summary, metric: str) -> Optional[float]:
+    """The standard error of a loss `metric` over its set as the run recorded it (`test_loss_se`,
+    per the task's scoring group: a sample, a window), in the metric's units (bits per character:
+    / ln 2); None for another metric, or a run that did not record it."""
+    which = metric_set(metric)
+    base = metric.removeprefix("best_").removesuffix("_at_best")
+    if which is None:
+        return None
+    if base in (f"{which}_loss",):
+        scale = 1.0
+    elif base in (f"{which}_bpc", "bits_per_char"):
+        scale = 1 / math.log(2)
+    else:
+        return None
+    value = summary.get(f"{which}_loss_se" + ("_at_best" if metric.endswith("_at_best") else ""))
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    return float(value) * scale if ok else None
+
+
+def unit_name(runs: dict[str, dict[int, Summary]]) -> str:
+    """What one scored unit of the runs' task is (`Task.unit`: a sample, a character; a text set's
+    runs from before the task said so: a character; else an example)."""
+    for by_seed in runs.values():
+        for summary in by_seed.values():
+            task = summary.get("task")
+            if isinstance(task, str) and task in TASKS.names():
+                return TASKS.get(task).unit
+            if split_fact(summary, "context_length"):
+                return "character"
+    return "example"
+
+
+def machine_type(summary: Summary) -> str:
+    """The machine type a run ran on (summary.json `machine.type`), or `unknown`."""
+    record = summary.get("machine")
+    found = record.get("type") if isinstance(record, dict) else None
+    return str(found) if isinstance(found, str) and found else UNKNOWN_MACHINE
 
 
 def reported_metrics(table: TableConfig, runs: dict[str, dict[int, Summary]]) -> list[str]:
@@ -127,7 +210,7 @@ def reported_metrics(table: TableConfig, runs: dict[str, dict[int, Summary]]) ->
     recorded = sorted({key for by_seed in runs.values() for s in by_seed.values() for key, value in s.items()
                        if isinstance(value, (int, float)) and not isinstance(value, bool)
                        and (evaluation_set(key) is not None or key in TASK_METRICS)})
-    return [m for m in dict.fromkeys([*named, *recorded]) if m not in FACTS]
+    return [m for m in dict.fromkeys([*named, *recorded]) if m not in FACTS and "_units" not in m]
 
 
 def run_rows(table: TableConfig, runs: dict[str, dict[int, Summary]]) -> Iterable[dict[str, Any]]:
@@ -140,6 +223,10 @@ def run_rows(table: TableConfig, runs: dict[str, dict[int, Summary]]) -> Iterabl
                 value = split_fact(summary, key)
                 if key in ("test_samples", "val_samples"):
                     value = set_size(summary, key.replace("_samples", "_acc"), table)
+                elif key in ("test_units", "val_units"):
+                    value = recorded_units(summary, key.removesuffix("_units"))
+                elif key == "machine":
+                    value = machine_type(summary)
                 line[key] = value
             for metric in metrics:
                 value = summary.get(metric)

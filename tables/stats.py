@@ -5,11 +5,13 @@ A cell over k seeds is its mean and a 95% interval of half-width
 
     h = sqrt(h_seed^2 + h_set^2),  h_seed = t(0.975, k-1) s / sqrt(k),  h_set = z(0.975) SE_set
 
-s the sample standard deviation over seeds. For an accuracy measured on N examples SE_set is the
-Agresti-Coull standard error of a proportion, sqrt(p~(1-p~) / (N+4)) with p~ = (N p + 2) / (N+4):
-the seeds share one test set, so its sampling error does not average out over seeds, and a row
-whose seeds all score the same (s = 0) still gets the interval its N examples allow, never width
-0. Metrics that are not proportions (losses, bytes, seconds) get h_seed alone. One seed: no
+s the sample standard deviation over seeds. For an accuracy, a share of N scored units (the units
+its task scores: samples, a language model's characters; tables/runs.py `scored_units`), SE_set
+is the Agresti-Coull standard error of a proportion, sqrt(p~(1-p~) / (N+4)) with p~ = (N p + 2) /
+(N+4): the seeds share one test set, so its sampling error does not average out over seeds, and a
+row whose seeds all score the same (s = 0) still gets the interval its N units allow, never width
+0. A loss's SE_set is the set's standard error of the mean loss its runs record (`se_set`); other
+metrics (bytes, seconds), and a loss whose runs record none, get h_seed alone. One seed: no
 interval.
 
 A difference of two rows (a - b) is PAIRED by seed when both have the same seeds and share what
@@ -24,8 +26,16 @@ is never resolved, as the exact sign test on 5 of 5 discordant examples (p = 0.0
 The p-value of a difference is the level at which its interval just reaches 0 (so "resolved at
 95%" is "p < 0.05"); `holm` corrects a table's family of p-values (Holm 1979), and `holm_levels`
 gives each comparison the level of the Holm step that decided it, at which its drawn interval
-excludes 0 exactly when Holm resolves it. `min_detectable` is the smallest true difference a
-paired comparison resolves with 80% power from a given spread of per-seed differences.
+excludes 0 exactly when Holm resolves it. What a comparison can resolve with 80% power is
+tables/power.py's.
+
+Intervals stay in the metric's range (`cut`): an accuracy's cell in [0, 1], a difference of two in
+[-1, 1], a loss's cell at or above 0. A t interval over a few seeds that spread widely (a seed
+that collapsed to chance beside nine that did not) reaches past what the metric can take; the
+interval is cut there, which keeps its coverage (the true value lies in the range, so it lies in
+the interval exactly when it lies in the cut one), and the row is marked unstable
+(tables/ranges.py): its seeds, not the interval's shape, say what happened. Cutting never moves an
+end across 0, so no verdict and no p-value changes.
 
 Quantiles are scipy's (scipy comes with scikit-learn and is pinned in requirements.txt).
 """
@@ -77,14 +87,15 @@ def share_se(share: float, n: int) -> float:
 
 
 def cell_half_width(values: Sequence[float], n_examples: Optional[int] = None,
-                    level: float = LEVEL) -> Optional[float]:
+                    level: float = LEVEL, se_set: Optional[float] = None) -> Optional[float]:
     """h = sqrt(h_seed^2 + h_set^2) of a cell (None below two values); `n_examples` given only for
-    a proportion (an accuracy of that many examples), else h = h_seed."""
+    a proportion (an accuracy of that many scored units), or `se_set`, the set's standard error of
+    a mean (a loss's, as its runs record it), else h = h_seed."""
     seed = half_width(values, level)
-    if seed is None or not n_examples:
+    if seed is None or not (n_examples or se_set):
         return seed
     z = _z_isf((1 - level) / 2)
-    return math.hypot(seed, z * share_se(statistics.fmean(values), n_examples))
+    return math.hypot(seed, z * (share_se(statistics.fmean(values), n_examples) if n_examples else se_set))
 
 
 def difference_se_floor(mean_difference: float, n_examples: Optional[int]) -> float:
@@ -93,10 +104,20 @@ def difference_se_floor(mean_difference: float, n_examples: Optional[int]) -> fl
     return share_se(abs(mean_difference), n_examples) if n_examples else 0.0
 
 
+Range = tuple[float, float]  # what a value can take: (low, high)
+UNBOUNDED: Range = (-math.inf, math.inf)
+
+
+def cut(low: float, high: float, bounds: Range = UNBOUNDED) -> tuple[float, float]:
+    """An interval cut at the range a value can take (module doc)."""
+    return max(low, bounds[0]), min(high, bounds[1])
+
+
 @dataclass(frozen=True)
 class Difference:
     """An estimate (a difference of rows, or a contrast of differences), its 95% interval, and the
-    parts it was built from: the seeds' standard error and degrees of freedom, and the floor."""
+    parts it was built from: the seeds' standard error and degrees of freedom, and the floor; its
+    intervals are cut at `bounds`, the range the estimate can take."""
     mean: float
     low: Optional[float]
     high: Optional[float]
@@ -105,6 +126,7 @@ class Difference:
     df: Optional[float] = None
     se_set: float = 0.0
     seeds: int = 0  # per-seed values it rests on (paired: pairs; welch: the smaller side)
+    bounds: Range = UNBOUNDED
 
     @property
     def resolved(self) -> bool:
@@ -121,8 +143,14 @@ class Difference:
         return math.hypot(seed, _z_isf(alpha / 2) * self.se_set)
 
     def interval(self, level: float = LEVEL) -> tuple[Optional[float], Optional[float]]:
+        """The interval at `level`, cut at the range the estimate can take."""
         h = self.half_width(level)
-        return (None, None) if h is None else (self.mean - h, self.mean + h)
+        return (None, None) if h is None else cut(self.mean - h, self.mean + h, self.bounds)
+
+    def leaves_range(self, level: float = LEVEL) -> bool:
+        """Whether the interval as computed reached past the range (and was cut)."""
+        h = self.half_width(level)
+        return h is not None and (self.mean - h < self.bounds[0] or self.mean + h > self.bounds[1])
 
     @property
     def p_value(self) -> Optional[float]:
@@ -147,48 +175,52 @@ class Difference:
 
 
 def _built(mean: float, se_seed: Optional[float], df: Optional[float], se_set: float, method: str, seeds: int,
-           level: float) -> Difference:
-    d = Difference(mean, None, None, method, se_seed, df, se_set, seeds)
+           level: float, bounds: Range) -> Difference:
+    d = Difference(mean, None, None, method, se_seed, df, se_set, seeds, bounds)
     low, high = d.interval(level)
-    return Difference(mean, low, high, method, se_seed, df, se_set, seeds)
+    return Difference(mean, low, high, method, se_seed, df, se_set, seeds, bounds)
 
 
-def one_sample(values: Sequence[float], se_set: float = 0.0, level: float = LEVEL) -> Difference:
+def one_sample(values: Sequence[float], se_set: float = 0.0, level: float = LEVEL,
+               bounds: Range = UNBOUNDED) -> Difference:
     """The interval of the mean of per-seed values (paired differences, or contrasts of them)."""
     mean = statistics.fmean(values)
     if len(values) < 2:
-        return Difference(mean, None, None, "none", seeds=len(values))
+        return Difference(mean, None, None, "none", seeds=len(values), bounds=bounds)
     se = statistics.stdev(values) / math.sqrt(len(values))
-    return _built(mean, se, len(values) - 1, se_set, "paired", len(values), level)
+    return _built(mean, se, len(values) - 1, se_set, "paired", len(values), level, bounds)
 
 
-def two_samples(a: Sequence[float], b: Sequence[float], se_set: float = 0.0, level: float = LEVEL) -> Difference:
+def two_samples(a: Sequence[float], b: Sequence[float], se_set: float = 0.0, level: float = LEVEL,
+                bounds: Range = UNBOUNDED) -> Difference:
     """Welch's interval of mean(a) - mean(b), unpaired (two values or more on each side)."""
     mean = statistics.fmean(a) - statistics.fmean(b)
     if len(a) < 2 or len(b) < 2:
-        return Difference(mean, None, None, "none", seeds=min(len(a), len(b)))
+        return Difference(mean, None, None, "none", seeds=min(len(a), len(b)), bounds=bounds)
     va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
     se = math.sqrt(va + vb)
     if se == 0:
         df = float(len(a) + len(b) - 2)  # no spread on either side: df does not matter, h = the floor
     else:
         df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))  # Welch-Satterthwaite
-    return _built(mean, se, df, se_set, "welch", min(len(a), len(b)), level)
+    return _built(mean, se, df, se_set, "welch", min(len(a), len(b)), level, bounds)
 
 
 def difference(row: dict[int, float], base: dict[int, float], level: float = LEVEL,
-               n_examples: Optional[int] = None, paired: bool = True) -> Optional[Difference]:
+               n_examples: Optional[int] = None, paired: bool = True,
+               bounds: Range = UNBOUNDED) -> Optional[Difference]:
     """`row` minus `base` (values by seed): paired by seed when `paired` and both have the same
     seeds (two or more), else Welch's interval (two or more values on each side); the floor of a
-    difference of accuracies on `n_examples` when given. None without values."""
+    difference of accuracies on `n_examples` when given; intervals cut at `bounds`. None without
+    values."""
     if not row or not base:
         return None
     if paired and set(row) == set(base):
         diffs = [row[s] - base[s] for s in sorted(row)]
-        return one_sample(diffs, difference_se_floor(statistics.fmean(diffs), n_examples), level)
+        return one_sample(diffs, difference_se_floor(statistics.fmean(diffs), n_examples), level, bounds)
     a, b = list(row.values()), list(base.values())
     mean = statistics.fmean(a) - statistics.fmean(b)
-    return two_samples(a, b, difference_se_floor(mean, n_examples), level)
+    return two_samples(a, b, difference_se_floor(mean, n_examples), level, bounds)
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
@@ -218,40 +250,3 @@ def holm_levels(pvalues: Sequence[float], alpha: float = 1 - LEVEL) -> list[floa
             stopped = step
         levels[i] = step if stopped is None else stopped
     return levels
-
-
-def min_detectable(sd: float, seeds: int, n_examples: Optional[int] = None, alpha: float = 1 - LEVEL,
-                   power: float = POWER) -> Optional[float]:
-    """The smallest true difference a paired comparison over `seeds` seeds resolves with `power`
-    at level `alpha`: the d with d^2 = A^2 + B(d)^2, A = (t(1-alpha/2, k-1) + t(power, k-1)) sd/sqrt(k)
-    (per-seed differences of standard deviation sd) and B(d) = (z(1-alpha/2) + z(power)) SE_set(d)
-    (the floor of a difference d on n examples; 0 without n). None below two seeds, or when no
-    difference of accuracies (at most 1) could be resolved."""
-    if seeds < 2:
-        return None
-    a = (_t_isf(alpha / 2, seeds - 1) + _t_isf(1 - power, seeds - 1)) * sd / math.sqrt(seeds)
-    if not n_examples:
-        return a
-    c = _z_isf(alpha / 2) + _z_isf(1 - power)
-
-    def excess(d: float) -> float:  # decreasing in d: (A/d)^2 + (B(d)/d)^2 - 1
-        return (a / d) ** 2 + (c * difference_se_floor(d, n_examples) / d) ** 2 - 1
-
-    if excess(1.0) > 0:
-        return None
-    from scipy.optimize import brentq
-
-    return float(brentq(excess, 1e-9, 1.0, xtol=1e-12))
-
-
-def seeds_for(target: float, sd: float, n_examples: Optional[int] = None, alpha: float = 1 - LEVEL,
-              power: float = POWER, most: int = 1000) -> Optional[int]:
-    """The fewest seeds whose `min_detectable` is <= target (None: the floor of n examples alone
-    exceeds it, or more than `most` seeds would be needed)."""
-    for k in range(2, most + 1):
-        d = min_detectable(sd, k, n_examples, alpha, power)
-        if d is not None and d <= target:
-            return k
-        if n_examples and min_detectable(0.0, k, n_examples, alpha, power) is None:
-            return None
-    return None

@@ -21,7 +21,14 @@ use the setting chosen:
    it of the best are contenders too. Without either and with one seed, only an exact tie is.
 3. A grid tuned on ONE seed whose contenders are more than one runs again, whole, on
    `table.tune_tie_seeds` (default: one seed used nowhere else), and steps 1-2 are taken again on
-   the means over both seeds.
+   the means over both seeds. EVERY tuning seed the runs hold for a point of the grid counts, not
+   only those the rule asked for (`held_seeds`): a tie seed run at one stage of a grid's
+   extension stays in its choice after the extension has separated the grid on the first seed
+   alone, and a point of the grid without that seed's run has no mean (the table makes it; a
+   gather cannot choose it). Why: head_to_head_lm_cpu's diloco@roles ran its grid on tie seed 100
+   while 0.001 and 0.003 were within noise on seed 0; the extension's 0.009 then won on seed 0
+   alone and the rule read seed 0 only, though with seed 100 the two it ignored beat 0.009
+   (issue 88). A choice rests on all the evidence a table made for it.
 4. The STABILITY MARGIN: a contender that DIVERGED on any tuning seed is set aside (with two
    seeds a diverged run can leave its mean within noise of the best); then, along a grid key where
    a larger value is less stable (`table.tune_stability_keys`, default the learning rate), so is
@@ -73,6 +80,7 @@ from typing import Any, Optional
 from core.rundir import RunDir
 from tables.measure import Better, is_proportion
 from tables.run_records import OVERRIDES, FolderRecords, RunRecords, RunsAt, number, parse_overrides, records_of
+from tables.runs import recorded_units
 from tables.stats import LEVEL, Difference, difference_se_floor
 
 Setting = tuple[tuple[str, Any], ...]  # ((key, value), ...) in the grid's key order
@@ -161,9 +169,8 @@ def _value(summary: Optional[dict[str, Any]], metric: str, where: object = "summ
 
 
 def _val_examples(summary: Optional[dict[str, Any]]) -> Optional[int]:
-    split = (summary or {}).get("data_split") or {}
-    value = split.get("val_samples") if isinstance(split, dict) else None
-    return int(value) if isinstance(value, (int, float)) and value > 0 else None
+    """The units a validation accuracy counts (tables/runs.py: a text set's characters)."""
+    return recorded_units(summary, "val") if summary else None
 
 
 def within_noise(a: dict[int, float], b: dict[int, float], n_examples: Optional[int], level: float = LEVEL,
@@ -320,11 +327,25 @@ def _break_tie(contenders: list[Setting], means: dict[Setting, float], tie_means
     return pool[0], ("best mean" if len(pool) == 1 else "grid order")
 
 
+def held_seeds(out: RunsAt, label: str, grid: dict[str, list[Any]]) -> list[int]:
+    """The seeds of every finished tuning run the runs hold for a point of the row's grid."""
+    names = {setting_name(s) for s in grid_settings(grid)}
+    found = set()
+    head = f"{label}/tune/"
+    for rel in records_of(out).under(f"{label}/tune"):
+        parts = rel[len(head):].split("/")
+        if len(parts) == 2 and parts[0] in names and parts[1].startswith("seed_") and parts[1][5:].isdigit():
+            found.add(int(parts[1][5:]))
+    return sorted(found)
+
+
 def row_seeds(out: RunsAt, label: str, grid: dict[str, list[Any]], seeds: list[int], metric: str,
               policy: Optional[TunePolicy] = None) -> list[int]:
-    """The tuning seeds a row's choice is made on (step 3): `seeds`, plus `policy.tie_seeds` when
-    `seeds` is one seed and the settings that have results there are within noise of each other."""
+    """The tuning seeds a row's choice is made on (step 3): `seeds` and every other seed the runs
+    hold for a point of the grid, plus `policy.tie_seeds` when that is one seed and the settings
+    that have results there are within noise of each other."""
     policy = policy or TunePolicy()
+    seeds = [*seeds, *(s for s in held_seeds(out, label, grid) if s not in seeds)]
     if len(seeds) >= 2 or not policy.tie_seeds:
         return list(seeds)
     first = choose(out, label, grid, seeds, metric, policy)
@@ -368,11 +389,18 @@ def stale_setting(run: RunDir, setting: Setting) -> Optional[str]:
     """Why a row's reported run directory does not belong to `setting` (None: it does, or it is
     empty): its recorded overrides (.hydra/overrides.yaml) give another value for a key of the
     setting, as after a grid extension changed a row's choice."""
-    text = FolderRecords(run.root).text(".", OVERRIDES)  # (a run in progress has one too)
+    return stale_in(FolderRecords(run.root), ".", setting)
+
+
+def stale_in(out: RunsAt, rel: str, setting: Setting) -> Optional[str]:
+    """`stale_setting` of the run `rel` of `out` (a gather's runs: the choice may have changed
+    since its reported runs were made, and a gather makes no run, so it says so)."""
+    records = records_of(out)
+    text = records.text(rel, OVERRIDES)  # (a run in progress has one too)
     if text is None:
         return None
     recorded: dict[str, str] = {}
-    for item in parse_overrides(text, run.root / OVERRIDES):
+    for item in parse_overrides(text, records.where(rel, OVERRIDES)):
         key, _, value = item.partition("=")
         recorded[key] = value
     for key, value in setting:

@@ -124,24 +124,6 @@ def test_a_diverged_seed_is_shown_and_keeps_its_row_out_of_the_loss_comparisons(
     assert len(blown) == 1 and math.isnan(float(blown[0]["test_loss"]))
 
 
-def test_the_smallest_resolvable_difference_comes_from_the_tables_own_spread() -> None:
-    """Without a floor: (t(0.975, k-1) + t(0.8, k-1)) sd / sqrt(k). With one: the d that solves
-    d^2 = A^2 + ((z(0.975) + z(0.8)) SE(d))^2; on 360 test images no difference below about 10
-    images is resolved with 80% power however many seeds run."""
-    from tables.stats import difference_se_floor, min_detectable, seeds_for
-
-    sd = 0.004
-    assert min_detectable(sd, 3) == pytest.approx((st.t.ppf(0.975, 2) + st.t.ppf(0.8, 2)) * sd / math.sqrt(3))
-    d = min_detectable(sd, 3, N_TEST)
-    a = (st.t.ppf(0.975, 2) + st.t.ppf(0.8, 2)) * sd / math.sqrt(3)
-    b = (st.norm.ppf(0.975) + st.norm.ppf(0.8)) * difference_se_floor(d, N_TEST)
-    assert d == pytest.approx(math.hypot(a, b), rel=1e-6) and d > a
-    assert min_detectable(0.0, 1000, N_TEST) * N_TEST > 9
-    assert seeds_for(0.01, sd, N_TEST) is None  # digits' test set cannot resolve 0.01 at 80% power
-    k = seeds_for(0.01, 0.01, 10_000)  # a test set of 10,000 can, with enough seeds
-    assert k is not None and min_detectable(0.01, k, 10_000) <= 0.01 < min_detectable(0.01, k - 1, 10_000)
-
-
 # --- per-seed results -----------------------------------------------------------------------------
 
 def _hand_cell(values: list[float], n: int | None) -> float:

@@ -57,9 +57,9 @@ def test_settings_within_the_validation_sets_resolution_get_a_second_seed_then_t
     assert result.seeds == [0, 4] and result.within_noise
     assert set(result.contenders) == {(("optim.lr", 0.03),), (("optim.lr", 0.1),)}
     assert result.winner == (("optim.lr", 0.03),) and result.rule == "val_loss"
-    from tables.render import _tuning_lines
+    from tables.render_tuning import tuning_lines
 
-    text = "\n".join(_tuning_lines(table, {"r": result}, []))
+    text = "\n".join(tuning_lines(table, {"r": result}, []))
     assert "Chosen within noise" in text and "r (2 contenders on 2 seeds, decided by val_loss)" in text
     assert "decided by the best mean val_loss, then the best mean val_acc, then grid order" in text
     # a clear winner (30 images apart) needs no second seed
@@ -77,7 +77,7 @@ def test_a_contender_a_grid_step_below_a_diverged_rate_is_set_aside(tmp_path: Pa
     validation loss by 0.0002, 0.9 collapsed to the untrained loss on both. The margin chooses 0.1
     and table.md says why; without it (no stability keys) validation loss chooses 0.3."""
     from tables.config import load_table
-    from tables.render import _tuning_lines
+    from tables.render_tuning import tuning_lines
     from tables.tuning import TunePolicy, choose
 
     grid = {"optim.lr": [0.03, 0.1, 0.3, 0.9]}
@@ -100,7 +100,7 @@ def test_a_contender_a_grid_step_below_a_diverged_rate_is_set_aside(tmp_path: Pa
     off = load_table(table_node([{"label": "r", "tune": grid}], baseline="r", tune_seeds=[0, 100],
                             tune_stability_keys=[]))
     assert chosen(off, tmp_path)["r"].winner == (("optim.lr", 0.3),)
-    text = "\n".join(_tuning_lines(table, {"r": tuned}, []))
+    text = "\n".join(tuning_lines(table, {"r": tuned}, []))
     assert "| r | optim.lr_0.3 | 0.9790 | 2/2 |  | 0.0638 | set aside |" in text
     assert "Set aside by the stability margin" in text and "r (optim.lr_0.3)" in text
     assert "r optim.lr_0.9 (seeds 0, 100)" in text
@@ -139,7 +139,7 @@ def test_a_loss_tuned_on_one_seed_has_contenders_within_its_stated_resolution(tm
     says what made them contenders."""
     from tables.runner import chosen, tuning_jobs
     from tables.config import load_table
-    from tables.render import _tuning_lines
+    from tables.render_tuning import tuning_lines
     from tables.tuning import tune_dir
 
     grid = {"optim.lr": [3e-4, 1e-3, 3e-3]}
@@ -159,7 +159,7 @@ def test_a_loss_tuned_on_one_seed_has_contenders_within_its_stated_resolution(tm
     result = chosen(stated, tmp_path)["r"]
     assert result.seeds == [0, 100] and result.within_noise
     assert set(result.contenders) == {(("optim.lr", 1e-3),), (("optim.lr", 3e-3),)}
-    text = "\n".join(_tuning_lines(stated, {"r": result}, []))
+    text = "\n".join(tuning_lines(stated, {"r": result}, []))
     assert "or whose mean is within table.tune_resolution = 0.0125 of the best," in text
     # selected and tie-broken by one loss: the rule names it once, and no accuracy is claimed
     assert "decided by the best mean val_loss, then grid order" in text and "No test result chose" in text
@@ -230,12 +230,52 @@ def test_the_margin_gives_up_the_best_only_for_a_setting_within_its_cost(tmp_pat
     assert tuned.winner == lr(0.1) and lr(0.1) not in tuned.set_aside, tuned
     from tables.runner import chosen
     from tables.config import load_table
-    from tables.render import _tuning_lines
+    from tables.render_tuning import tuning_lines
 
     rows = [{"label": "r", "tune": {"optim.lr": [0.03, 0.1, 0.3]}}]  # 0.009: the table's own extension
     table = load_table(table_node(rows, baseline="r", tune_seeds=[0, 100], tune_extend=1, tune_margin_cost=0.01))
     found = chosen(table, tern)
     assert found["r"].winner == lr(0.03)  # the table's cost reaches the rule
     assert "the best mean only for a setting the margin keeps within table.tune_margin_cost = 0.01 of it" in (
-        "\n".join(_tuning_lines(table, found, [])))
+        "\n".join(tuning_lines(table, found, [])))
     assert chosen(load_table(table_node(rows, baseline="r", tune_seeds=[0, 100], tune_extend=1)), tern)["r"].winner == lr(0.1)
+
+
+def test_every_tuning_seed_the_store_holds_counts_and_a_gather_flags_runs_of_a_superseded_choice(tmp_path: Path) -> None:
+    """head_to_head_lm_cpu's diloco@roles: tie seed 100 ran for lr 0.0003-0.009 while two settings
+    were within noise on seed 0; once 0.009 won on seed 0 alone the rule read seed 0 only, though
+    over both seeds 0.003 beats it (issue 88). Every seed the runs hold counts; the extension's point
+    without seed 100 has no mean; and a gather whose reported runs were made at the old choice says
+    so in table.md and table.csv instead of showing them as the new choice's."""
+    from tables.config import RowConfig, load_table, row_dir
+    from tables.render import collect
+    from tables.runner import chosen, tuning_jobs
+    from tables.tuning import tune_dir
+
+    grid = {"optim.lr": [0.0003, 0.001, 0.003]}
+    loss = {0.0003: (2.1868, 2.1778), 0.001: (2.0283, 2.0105), 0.003: (2.0252, 2.0128), 0.009: (2.0082, 2.0702)}
+    for lr, (first, tie) in loss.items():
+        write_run(tune_dir(tmp_path, "r", (("optim.lr", lr),), 0), {"val_loss": first})
+        write_run(tune_dir(tmp_path, "r", (("optim.lr", lr),), 100), {"val_loss": tie})
+    write_run(tune_dir(tmp_path, "r", (("optim.lr", 0.027),), 0), {"val_loss": 2.2583})  # seed 0 only
+    node = table_node([{"label": "r", "tune": grid}], baseline="r", tune_seeds=[0], tune_tie_seeds=[100],
+                      tune_extend=2, tune_resolution=0.0125, select_metric="val_loss", compare_metric="test_loss",
+                      columns=["test_loss"])
+    table = load_table(node)
+    result = chosen(table, tmp_path)["r"]
+    assert result.seeds == [0, 100] and result.winner == (("optim.lr", 0.003),)
+    assert [s[0][1] for s, _, _ in result.results] == [0.0003, 0.001, 0.003, 0.009]  # 0.003 won: no 0.027
+    # where 0.009 wins over both seeds, the grid goes on to 0.027, which lacks seed 100: no mean until made
+    write_run(tune_dir(tmp_path, "r", (("optim.lr", 0.009),), 100), {"val_loss": 1.99})
+    again = chosen(table, tmp_path)["r"]
+    assert again.winner == (("optim.lr", 0.009),) and dict((s[0][1], m) for s, m, _ in again.results)[0.027] is None
+    assert "r optim.lr_0.027 seed 100" in {name for name, _, _ in tuning_jobs(table, tmp_path)}  # the table makes it
+    write_run(tune_dir(tmp_path, "r", (("optim.lr", 0.009),), 100), {"val_loss": 2.0702})
+    for seed in table.seeds:  # the reported runs, made when 0.009 was the choice
+        run = row_dir(tmp_path, RowConfig(label="r"), seed)
+        write_run(run, {"test_loss": 2.05, "val_loss": 2.01})
+        (run.root / ".hydra").mkdir()
+        (run.root / ".hydra" / "overrides.yaml").write_text("- optim.lr=0.009\n")
+    rec = collect(table, tmp_path, {}, chosen(table, tmp_path)).records[0]
+    assert rec["tuned"] == "optim.lr_0.003" and rec["tuned_stale"] == "seed 1 seed 2 seed 3"
+    assert "made with another setting than the one chosen now, optim.lr_0.003" in rec["note"]

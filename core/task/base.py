@@ -10,6 +10,7 @@ every task.
 from __future__ import annotations
 
 import inspect
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping, Optional, Sequence
@@ -61,6 +62,8 @@ class Task(ABC):
     sums_size: ClassVar[int]  # the length of `batch_sums`
     shown: ClassVar[tuple[str, ...]]
     plotted: ClassVar[tuple[str, ...]]
+    # what a share metric (accuracy) of this task counts: its scored units (`scored`)
+    unit: ClassVar[str] = "example"
 
     def __init__(self) -> None:
         """A task that needs nothing of its input's spec."""
@@ -105,6 +108,17 @@ class Task(ABC):
     def finish(self, sums: torch.Tensor, prefix: str) -> dict[str, float]:
         """The metrics of the summed batches, as `{prefix}_{name}`."""
 
+    def scored(self, sums: torch.Tensor, prefix: str) -> dict[str, float]:
+        """What the summed batches' metrics were counted over, as summary.json records it beside
+        them: `{prefix}_units`, the number of scored units a share metric (accuracy) is a share of
+        (samples; a language model's characters: every position of every window), and
+        `{prefix}_loss_se`, the standard error of the mean loss over the set's scoring groups (a
+        sample; a window), the sampling error of that one set, which every seed evaluated on it
+        shares. Why: a table's floor under an interval is the set's own sampling error, and it
+        must count what the metric counts (issue 88: 512 windows are 32,768 characters). {} for a
+        task that does not say (a table then reads the set's size in examples)."""
+        return {}
+
     def zero_sums(self) -> torch.Tensor:
         return torch.zeros(self.sums_size, dtype=torch.float64)
 
@@ -134,3 +148,12 @@ class Task(ABC):
             if value is not None and self.better(key, value, best_value):
                 best, best_value = i, value
         return best
+
+
+def mean_se(total: float, squares: float, groups: float) -> float:
+    """The standard error of the mean of `groups` values from their sum and sum of squares:
+    sqrt(s^2 / n), s^2 the sample variance (NaN below two groups, or for a value not finite)."""
+    if groups < 2 or not math.isfinite(total) or not math.isfinite(squares):
+        return math.nan
+    variance = max(squares - total * total / groups, 0.0) / (groups - 1)
+    return math.sqrt(variance / groups)

@@ -2,7 +2,8 @@
 
 Metrics `loss` (mean cross-entropy, nats), `acc` (top-1) and `top5` (reported with more than 5
 classes), exactly the numbers the evaluator computed before tasks existed (tests/test_task.py
-keeps that record); selects on `val_acc`.
+keeps that record); selects on `val_acc`. Its scored unit is the sample: an accuracy is a share of
+the samples, and the loss's standard error is over per-sample losses.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 
 from core.spec import CLASSIFICATION
 from core.task import register_task
-from core.task.base import ACC, LOSS, Metric, Task
+from core.task.base import ACC, LOSS, Metric, Task, mean_se
 
 TOP5 = Metric("top5", True, "top-5 accuracy")
 
@@ -20,9 +21,10 @@ TOP5 = Metric("top5", True, "top-5 accuracy")
 class Classification(Task):
     metrics = (LOSS, ACC, TOP5)  # an instance drops top5 at 5 classes or fewer
     selection_metric = "val_acc"
-    sums_size = 4  # loss, top-1 hits, top-5 hits, samples
+    sums_size = 5  # loss, top-1 hits, top-5 hits, samples, summed squared per-sample loss
     shown = ("acc", "loss")
     plotted = ("loss", "acc")
+    unit = "sample"
 
     def __init__(self, num_classes: int) -> None:
         self.num_classes = num_classes
@@ -39,11 +41,13 @@ class Classification(Task):
 
     def batch_sums(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The evaluator's arithmetic as it has always been: the float32 summed cross-entropy as a
-        float64, top-1 and top-k (k = min(5, classes)) hits, the sample count."""
+        float64, top-1 and top-k (k = min(5, classes)) hits, the sample count; then the summed
+        squares of the per-sample losses, for the loss's standard error (`scored`)."""
         logits = output.float()
         hits = logits.topk(min(5, self.num_classes), dim=1).indices.eq(target[:, None])
+        squares = F.cross_entropy(logits, target, reduction="none").double().square().sum().item()
         return torch.tensor([F.cross_entropy(logits, target, reduction="sum").item(), hits[:, 0].sum().item(),
-                             hits.any(dim=1).sum().item(), len(target)], dtype=torch.float64)
+                             hits.any(dim=1).sum().item(), len(target), squares], dtype=torch.float64)
 
     def finish(self, sums: torch.Tensor, prefix: str) -> dict[str, float]:
         count = max(sums[3].item(), 1.0)
@@ -51,3 +55,8 @@ class Classification(Task):
         if self.num_classes > 5:
             out[f"{prefix}_top5"] = sums[2].item() / count
         return out
+
+    def scored(self, sums: torch.Tensor, prefix: str) -> dict[str, float]:
+        """The samples, and the standard error of the mean per-sample loss over them."""
+        return {f"{prefix}_units": int(sums[3].item()),
+                f"{prefix}_loss_se": mean_se(sums[0].item(), sums[4].item(), sums[3].item())}

@@ -27,6 +27,25 @@ def evaluate(model: Optional[nn.Module], batches: Any, forward: Callable[[nn.Mod
     Every rank calls this (a collective); ranks that do not evaluate pass `model=None` and add
     zeros. `batches` yields this rank's slice of the set.
     """
+    return task.finish(evaluation_sums(model, batches, forward, device, task, group), prefix)
+
+
+def evaluate_scored(model: Optional[nn.Module], batches: Any,
+                    forward: Callable[[nn.Module, torch.Tensor], torch.Tensor], device: torch.device, task: Task,
+                    prefix: str = "test") -> dict[str, float]:
+    """`evaluate`'s metrics and, beside them, what they were counted over (`Task.scored`:
+    `{prefix}_units`, `{prefix}_loss_se`), which summary.json keeps so that a table's floor
+    counts the units a metric scores (a language model's characters, not its windows)."""
+    sums = evaluation_sums(model, batches, forward, device, task)
+    return {**task.finish(sums, prefix), **task.scored(sums, prefix)}
+
+
+@torch.no_grad()
+def evaluation_sums(model: Optional[nn.Module], batches: Any,
+                    forward: Callable[[nn.Module, torch.Tensor], torch.Tensor], device: torch.device, task: Task,
+                    group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+    """The task's batch sums over the whole set, added over batches and all-reduced over ranks (a
+    collective, as `evaluate`)."""
     sums = task.zero_sums()
     if model is not None:
         was_training = model.training
@@ -37,7 +56,7 @@ def evaluate(model: Optional[nn.Module], batches: Any, forward: Callable[[nn.Mod
         model.train(was_training)
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(sums, group=group)
-    return task.finish(sums, prefix)
+    return sums
 
 
 class Evaluator:
@@ -76,8 +95,8 @@ class Evaluator:
         result: dict[str, float] = {}
         for prefix, stream in (("val", self.val_stream), ("test", self.eval_stream)):
             if stream is not None:  # (every rank has a validation stream, or none: a collective)
-                result.update(evaluate(model, stream.batches() if model is not None else iter(()),
-                                       self.forward, self.ctx.device, self.task, prefix=prefix))
+                result.update(evaluate_scored(model, stream.batches() if model is not None else iter(()),
+                                              self.forward, self.ctx.device, self.task, prefix=prefix))
         sent = torch.tensor([float(self.algo.comm.as_metrics()["comm_bytes"])], dtype=torch.float64)
         dist.all_reduce(sent)
         result = {**result, "comm_bytes_total": int(sent.item())}
