@@ -2,7 +2,7 @@
 floor of the 360-image test set under every difference, Welch's interval for the rows whose
 training ranks differ from allreduce's (the parameter-server rows train on 7 of 8 ranks; msgd is
 one process), Holm's correction across the table's 54 comparisons, and the smallest difference
-each partition could resolve (engine/tables/stats.py). The per-seed values of this production
+each partition could resolve (tables/stats.py, tables/power.py). The per-seed values of this production
 were not kept, so each paired difference's standard error is taken back from its published 95%
 interval (half-width / t(0.975, 2)) and a Welch row's from the two rows' published standard
 deviations over 3 seeds.
@@ -12,7 +12,7 @@ deviations over 3 seeds.
 It also writes table_reread.csv: each comparison as a table made under the protocol records it
 (`diff`, the Holm-level interval `diff_low_holm`/`diff_high_holm`, `diff_p`, `diff_p_holm`,
 `diff_resolved`), which the other tasks' head-to-heads read when they set their rows beside this
-one (`table.compare_with`, engine/tables/across.py).
+one (`table.compare_with`, tables/cross_task.py).
 """
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ sys.path.insert(0, str(HERE.parents[2]))
 
 from scipy.stats import t  # noqa: E402
 
-from engine.tables.stats import Difference, difference_se_floor, holm, holm_levels, min_detectable  # noqa: E402
+from tables.power import min_detectable  # noqa: E402
+from tables.stats import Difference, difference_se_floor, holm, holm_levels  # noqa: E402
 
 N_TEST, SEEDS = 360, 3
 UNPAIRED = {"asgd", "gradient_dropping", "dgc", "dgs", "msgd"}  # train_ranks 7 (or 1) against allreduce's 8
