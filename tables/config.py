@@ -192,9 +192,10 @@ class TableConfig(Section):
     row_constraints: dict[str, Any] = field(default_factory=dict)
     variants: dict[str, list[str]] = field(default_factory=dict)  # name -> overrides; rows x variants
     workers: WorkersAxis = field(default_factory=WorkersAxis)  # rows x numbers of workers (docs/workers.md)
-    # start every row's ranks with launch.launcher=fork (forked from cli.py: 64 ranks in seconds,
-    # the launcher's run bit for bit; docs/workers.md); a row's own launch.launcher still wins
-    fork: bool = False
+    # how every row's ranks start: null, the runner's default (launch.launcher=auto: forked from
+    # cli.py on one machine); true, launch.launcher=fork (refused where fork cannot serve); false,
+    # DeepSpeed's launcher (the same run bit for bit; docs/workers.md); a row's own launch.launcher wins
+    fork: Optional[bool] = None
     quick: bool = False  # quick_rows, the first seed, no tuning, quick_overrides: a test/CI form
     quick_rows: list[str] = field(default_factory=list)
     quick_overrides: list[str] = field(default_factory=list)
@@ -308,7 +309,7 @@ def expand_rows(table: TableConfig) -> TableConfig:
                         series=r.series or r.label)
                 for name, extra in table.variants.items() for r in rows if r.variants is None or name in r.variants]
         baseline = None  # per row now
-    overrides = [*table.overrides, *(["launch.launcher=fork"] if table.fork else []), *budget,
+    overrides = [*table.overrides, *({True: ["launch.launcher=fork"], False: ["launch.launcher=deepspeed"]}.get(table.fork, [])), *budget,
                  *(table.quick_overrides if table.quick else [])]
     seeds = table.seeds[:1] if table.quick else table.seeds
     if table.quick:  # the declared comparisons of the rows the quick form keeps
