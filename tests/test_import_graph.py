@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-FLOORS = {"core": 0, "data": 1, "models": 1, "dist_algos": 1, "engine": 2, "tables": 3, "cli": 4, "bench": 4}
+FLOORS = {"core": 0, "data": 1, "models": 1, "dist_algos": 1, "engine": 2, "projection": 3, "tables": 4, "cli": 5,
+          "bench": 5}
 #: packages too heavy, or too rarely needed, to import before they are chosen
 HEAVY_OPTIONAL = ("ffcv", "nvidia.dali", "wandb", "matplotlib", "submitit", "deepspeed", "numba", "torchft",
                   "pyarrow")  # pyarrow: the tables' sealed stores (0.4 s on every cli.py start otherwise)
@@ -58,6 +59,15 @@ INNER_FLOORS: dict[str, list[tuple[str, ...]]] = {
         ("engine.plan",),  # what is decided before training
         # inside a rank | in the launching process | a command reading a finished run
         ("engine.rank", "engine.ft.rank", "engine.launch", "engine.ft.launch", "engine.worker_spread"),
+    ],
+    "projection": [
+        ("projection.config", "projection.collectives", "projection.compute"),  # the section; closed forms; compute
+        ("projection.cluster",),  # a preset: the system
+        ("projection.network", "projection.workload", "projection.ledger_view"),  # links; the workload; a ledger
+        ("projection.recurrence", "projection.calibration", "projection.simgrid_run"),  # the engines' halves; the fit
+        ("projection.events",),  # discrete events (the SimGrid child's parent side)
+        ("projection.engine",),  # one projection with its band
+        ("projection", "projection.run_inputs", "projection.command"),  # `python cli.py project.run=DIR`
     ],
 }
 #: groups on one floor of a package that never import each other (they meet in the run directory)
