@@ -124,7 +124,7 @@ def render(spread: Spread, headline: str) -> str:
     return console.export_text()
 
 
-@hydra.main(version_base="1.3", config_path="../../conf", config_name="spread")
+@hydra.main(version_base="1.3", config_path="../conf", config_name="spread")
 def main(cfg: DictConfig) -> None:
     with report_user_errors(PREFIX):
         if cfg.run is None:

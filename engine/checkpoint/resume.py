@@ -76,5 +76,5 @@ def init_source(init_from: Optional[str]) -> Optional[Manifest]:
     manifest = readable(lambda: files.resolve_checkpoint(init_from), f"init_from={init_from}")
     if manifest is None:
         raise UserError(f"init_from={init_from}: no complete checkpoint there")
-    check_manifests(RunDir(init_from), f"init_from={init_from}")  # (given as a run directory: its newest)
+    check_manifests(RunDir.of(init_from), f"init_from={init_from}")  # (given as a run directory: its newest)
     return manifest
