@@ -26,7 +26,7 @@ SELF="$REPO/scripts/$(basename "$0")"
 DIR=${TABLES_DIR:-/tmp/tables}
 # the tables still to make; a produced one leaves the list, since a start would otherwise re-run its
 # pinned gather (the MNIST-1D one failed there, on a NaN the later code handles) before going on
-TABLES=${TABLES:-"head_to_head_lm_cpu"}  # workers_cpu, head_to_head_mnist1d_cpu: produced
+TABLES=${TABLES:-"frontier_mnist1d_cpu frontier_lm_cpu"}  # workers_cpu, head_to_head_mnist1d_cpu, head_to_head_lm_cpu: produced (sealed)
 PY="$REPO/.venv/bin/python"
 WT="$DIR/worktree"
 # this chain's loop, as pgrep sees it: started with its TABLES_DIR, so that pause and start act on
