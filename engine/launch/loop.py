@@ -3,7 +3,7 @@ and supervise them until the job is over.
 
 cli.py, when it is not itself a launched rank, re-executes itself through the launcher with the
 run directory it resolved passed down (`hydra.run.dir=...`), so every rank writes into one run
-directory. `launch` picks one of the five launch plans (engine/launch/plans.py: one
+directory. `launch` runs the one launch plan `plans.plan_for` picks (engine/launch/plans.py: one
 machine, the same ranks forked from this process (`launch.launcher=fork`), pdsh, no-ssh per
 node, an emulated cluster; their commands and environment come from engine/launch/commands.py)
 and `run_launcher` supervises it, forked ranks as launched ones, on the supervision loop that the
@@ -35,10 +35,10 @@ from core import stop_signals
 from core.errors import USER_ERROR_EXIT, report_user_errors
 from core.rundir import RunDir
 from engine.launch.fork import RankBody
-from engine.launch.plans import emulated_plan, fork_plan, local_plan, no_ssh_plan, pdsh_plan
+from engine.launch.plans import plan_for
 from engine.launch.rank_watch import RankWatch, Stall
 from engine.launch.commands import script_args
-from engine.launch.config import Launcher, LaunchConfig
+from engine.launch.config import LaunchConfig
 from engine.launch.network import EmulatedCluster
 from engine.launch.supervision import StopSignals, supervise
 
@@ -187,19 +187,9 @@ def launch(cfg: LaunchConfig, run_dir: RunDir | Path, overrides: list[str], stal
     # launch.network: built here, removed when the launch ends however it ends (engine.launch.network)
     network = EmulatedCluster(cfg.network, cfg.nproc) if cfg.network.emulated else nullcontext()
     with report_user_errors(), network as cluster:
-        if cluster is not None:
-            plan = emulated_plan(cfg, run_dir, args, cluster)
-        elif not cfg.hostfile and cfg.launcher == Launcher.fork:
-            if body is None:
-                raise ValueError("launch.launcher=fork needs the ranks' body (cli.py passes engine.rank.entry's)")
-            plan = fork_plan(cfg, run_dir, body)
-        elif not cfg.hostfile:
-            plan = local_plan(cfg, run_dir, args)
-        elif cfg.no_ssh:
-            plan = no_ssh_plan(cfg, run_dir, args)
-        else:
-            plan = pdsh_plan(cfg, run_dir, args)
-        return run_launcher(plan.cmd, plan.env, run_dir, plan.watch, stall_s, received, plan.start)
+        plan = plan_for(cfg, run_dir, args, cluster, body)
+        watch = RankWatch(run_dir, local_ranks=plan.local_ranks, remote=plan.remote, ssh_port=plan.ssh_port)
+        return run_launcher(plan.cmd, plan.env, run_dir, watch, stall_s, received, plan.start)
 
 
 def stall_after_s(timeout_s: float) -> float:

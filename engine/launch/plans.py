@@ -16,7 +16,9 @@ ranks without one), its environment, and the watch over the ranks this process o
   started inside its namespace by DeepSpeed's per-node launcher, as the no-ssh way starts it on
   real nodes.
 
-engine/launch/loop.py picks one and runs it.
+`plan_for` picks the one the config asks for; engine/launch/loop.py runs it and watches the ranks
+each plan names (`local_ranks`, and for pdsh `remote`), so that the choice of a plan is made in
+one place and the watch is built in one place.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import secrets
 import socket
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -32,9 +34,8 @@ from core.errors import UserError
 from core.run_files import wait_for_launch_record, write_launch_record
 from core.rundir import SUPERVISED_ENV, RunDir
 from engine.launch.fork import ForkedRanks, RankBody
-from engine.launch.rank_watch import RankWatch
 from engine.launch.commands import free_port, launcher_command, launcher_env, multi_node_command, port_in_use
-from engine.launch.config import LaunchConfig, node_plan_of
+from engine.launch.config import Launcher, LaunchConfig, node_plan_of
 from engine.launch.network import MASTER_PORT, EmulatedCluster
 from engine.launch.node_group import node_group_command, node_launch_command
 from engine.launch.remote import probe_hosts, write_deepspeed_env
@@ -42,15 +43,33 @@ from engine.launch.remote import probe_hosts, write_deepspeed_env
 
 @dataclass
 class LaunchPlan:
-    """One launch: the launcher command, its environment, and the watch over the ranks it owns.
-    `start`: how to start the ranks instead of running `cmd` (launch.launcher=fork); it takes the
-    signal the ranks must ignore (the job manager's, or None) and returns the process that stands
-    for the launcher (`pid`, `poll`, `wait`, `returncode`)."""
+    """One launch: the launcher command, its environment, and the ranks it owns (`local_ranks`
+    started on this machine; `remote`: host -> ranks started there by pdsh, signalled over ssh on
+    `ssh_port`). `start`: how to start the ranks instead of running `cmd` (launch.launcher=fork);
+    it takes the signal the ranks must ignore (the job manager's, or None) and returns the process
+    that stands for the launcher (`pid`, `poll`, `wait`, `returncode`)."""
 
     cmd: list[str]
     env: dict[str, str]
-    watch: RankWatch
+    local_ranks: set[int]
+    remote: dict[str, list[int]] = field(default_factory=dict)
+    ssh_port: Optional[int] = None
     start: Optional[Callable[[Optional[int]], Any]] = None
+
+
+def plan_for(cfg: LaunchConfig, run_dir: RunDir | Path, args: list[str], cluster: Optional[EmulatedCluster],
+             body: Optional[RankBody]) -> LaunchPlan:
+    """The one launch plan the config asks for: an emulated cluster (`cluster`, built by the loop),
+    forked ranks, one machine, a node of a no-ssh job, or every host over pdsh."""
+    if cluster is not None:
+        return emulated_plan(cfg, RunDir.of(run_dir), args, cluster)
+    if not cfg.hostfile and cfg.launcher == Launcher.fork:
+        if body is None:
+            raise ValueError("launch.launcher=fork needs the ranks' body (cli.py passes engine.rank.entry's)")
+        return fork_plan(cfg, body)
+    if not cfg.hostfile:
+        return local_plan(cfg, args)
+    return no_ssh_plan(cfg, run_dir, args) if cfg.no_ssh else pdsh_plan(cfg, run_dir, args)
 
 
 def _local_port(cfg: LaunchConfig) -> int:
@@ -61,13 +80,12 @@ def _local_port(cfg: LaunchConfig) -> int:
     return cfg.master_port or free_port(cfg.master_addr)
 
 
-def local_plan(cfg: LaunchConfig, run_dir: RunDir | Path, args: list[str]) -> LaunchPlan:
+def local_plan(cfg: LaunchConfig, args: list[str]) -> LaunchPlan:
     """One machine: launch.nproc ranks on localhost, on launch.master_port or a free port."""
-    return LaunchPlan(launcher_command(cfg, _local_port(cfg), args), launcher_env(cfg),
-                      RankWatch(run_dir, local_ranks=set(range(cfg.nproc))))
+    return LaunchPlan(launcher_command(cfg, _local_port(cfg), args), launcher_env(cfg), set(range(cfg.nproc)))
 
 
-def fork_plan(cfg: LaunchConfig, run_dir: RunDir | Path, body: RankBody) -> LaunchPlan:
+def fork_plan(cfg: LaunchConfig, body: RankBody) -> LaunchPlan:
     """One machine, launch.launcher=fork: launch.nproc ranks forked from this process, each running
     `body` with the environment DeepSpeed's launcher would give it (engine/launch/fork.py)."""
     port, env = _local_port(cfg), launcher_env(cfg)
@@ -75,7 +93,7 @@ def fork_plan(cfg: LaunchConfig, run_dir: RunDir | Path, body: RankBody) -> Laun
     def start(ignore_signal: Optional[int]) -> ForkedRanks:
         return ForkedRanks(cfg.nproc, cfg.master_addr, port, env, body, ignore_signal)
 
-    return LaunchPlan([], env, RankWatch(run_dir, local_ranks=set(range(cfg.nproc))), start)
+    return LaunchPlan([], env, set(range(cfg.nproc)), start=start)
 
 
 def pdsh_plan(cfg: LaunchConfig, run_dir: RunDir | Path, args: list[str]) -> LaunchPlan:
@@ -95,8 +113,7 @@ def pdsh_plan(cfg: LaunchConfig, run_dir: RunDir | Path, args: list[str]) -> Lau
     write_deepspeed_env(ds_env, env, ["OMP_NUM_THREADS", SUPERVISED_ENV, *cfg.export_env])
     env["DS_ENV_FILE"] = str(ds_env)
     remote = {h: plan.ranks_of(i) for i, h in enumerate(plan.hosts)}
-    watch = RankWatch(run_dir, local_ranks=set(), remote=remote, ssh_port=cfg.ssh_port)
-    return LaunchPlan(multi_node_command(cfg, master_addr, port, args), env, watch)
+    return LaunchPlan(multi_node_command(cfg, master_addr, port, args), env, set(), remote, cfg.ssh_port)
 
 
 def no_ssh_plan(cfg: LaunchConfig, run_dir: RunDir | Path, args: list[str]) -> LaunchPlan:
@@ -114,8 +131,7 @@ def no_ssh_plan(cfg: LaunchConfig, run_dir: RunDir | Path, args: list[str]) -> L
     else:
         wait_for_launch_record(run_dir, record, cfg.node_wait_s)
     env = launcher_env(cfg, plan.ranks_per_node)
-    watch = RankWatch(run_dir, local_ranks=set(plan.ranks_of(cfg.node_rank)))
-    return LaunchPlan(multi_node_command(cfg, master_addr, cfg.master_port, args), env, watch)
+    return LaunchPlan(multi_node_command(cfg, master_addr, cfg.master_port, args), env, set(plan.ranks_of(cfg.node_rank)))
 
 
 def emulated_plan(cfg: LaunchConfig, run_dir: RunDir, args: list[str], cluster: EmulatedCluster) -> LaunchPlan:
@@ -126,4 +142,4 @@ def emulated_plan(cfg: LaunchConfig, run_dir: RunDir, args: list[str], cluster: 
                                                     MASTER_PORT, args)
             for i in range(cluster.nodes)]
     env = {**launcher_env(cfg, cfg.nproc), **cluster.env()}
-    return LaunchPlan(node_group_command(cmds), env, RankWatch(run_dir, local_ranks=set(range(cfg.nproc))))
+    return LaunchPlan(node_group_command(cmds), env, set(range(cfg.nproc)))
