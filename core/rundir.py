@@ -10,7 +10,7 @@ storage) and the tools that read results (tables, tests). Its layout:
     curves.png, <algo>_schedule.png
     stop_request           a file that asks every node's launcher to checkpoint and stop
     run.lock               held by the one run that owns the directory
-    run.log                a paper table's log of this row
+    run.log                the output of a run started as a job by another command (a table's row)
     wandb_id.txt, wandb/   Weights & Biases (offline) files
     logs/rank_<r>.log      each rank's log; .pid ("pid host") while it runs; .error when it failed;
                            .progress ("step time", rewritten every few seconds while it runs);
@@ -80,7 +80,7 @@ class RunDir:
         return self.root / "run.lock"
 
     @property
-    def row_log(self) -> Path:
+    def job_log(self) -> Path:
         return self.root / "run.log"
 
     @property

@@ -55,7 +55,7 @@ class SplitSeeds(enum.StrEnum):
     # one validation and one test set for every run (data.split_seed as the row sets it): the
     # differences hold for that test set; intervals carry its finite size as a floor
     per_table = "per_table"
-    # every run's data options named by its data set (`DataSet.per_seed_split`) set to its seed:
+    # every run's data options named by its data set (`DataSet.split_redraw_options`) set to its seed:
     # each seed has validation and test sets of its own, so a difference's interval over seeds
     # includes the test sets' sampling (a claim beyond one test set); refused for a fixed test set
     per_seed = "per_seed"

@@ -119,7 +119,7 @@ def collect(table: TableConfig, out: Path, status: dict[tuple[str, int], str],
         rec: dict[str, Any] = {"label": row.label, "recipe": row.recipe or "", "seeds": len(found),
                                "status": "ok" if len(found) == len(table.seeds) else
                                ("failed" if failed else "missing"),
-                               "log": row_dir(Path(), row, (failed or table.seeds)[0]).row_log.as_posix(),
+                               "log": row_dir(Path(), row, (failed or table.seeds)[0]).job_log.as_posix(),
                                "baseline": row.baseline or table.baseline, "x": row.x,
                                "series": row.series or row.label}
         for metric in dict.fromkeys(table.columns + table.ratios):

@@ -86,7 +86,7 @@ def describe_run(rc: RunConfig) -> str:
 
 def per_seed_options(table: TableConfig, out: Path) -> TableConfig:
     """`table.split_seeds=per_seed`: every row's runs set the data options its data set redraws with
-    a seed (`DataSet.per_seed_split`: MNIST-1D's generator and validation carve-out, the corpus's
+    a seed (`DataSet.split_redraw_options`: MNIST-1D's generator and validation carve-out, the corpus's
     held-out blocks, digits' test split) to the run's seed, so that each seed is evaluated on test
     data of its own and two rows at one seed on the same (they stay paired). Refused in one line
     for a data set whose test set is fixed, and for a row that sets one of those options itself
@@ -97,11 +97,11 @@ def per_seed_options(table: TableConfig, out: Path) -> TableConfig:
     for row in table.rows:
         args = row_args(table, row, table.seeds[0], row_dir(out, row, table.seeds[0]))
         name = compose_row(args).data.name
-        redrawn = DATASETS.get(name).per_seed_split
+        redrawn = DATASETS.get(name).split_redraw_options
         if not redrawn:
             raise UserError(f"table.split_seeds=per_seed: row {row.label} trains on data={name}, whose test set is "
                             f"fixed; use table.split_seeds=per_table for it (sets that redraw: "
-                            f"{', '.join(n for n, s in DATASETS.items() if s.per_seed_split)})")
+                            f"{', '.join(n for n, s in DATASETS.items() if s.split_redraw_options)})")
         keys = [f"data.{k}" for k in redrawn]
         clash = [a for a in [*table.overrides, *row.overrides] if a.lstrip("+").split("=")[0] in keys]
         if clash:
@@ -143,7 +143,7 @@ def run_row(args: list[str], run_dir: RunDir, timeout: Optional[float],
     `output_folders` (the table's run folder and store) are not dirt to the run's provenance."""
     run_dir.root.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    with open(run_dir.row_log, "a") as log:
+    with open(run_dir.job_log, "a") as log:
         log.write(f"\n$ cli.py {' '.join(args)}\n")
         log.flush()
         try:
@@ -213,7 +213,7 @@ def _run_jobs(table: TableConfig, jobs: list[tuple[str, list[str], RunDir]], pha
                            "load_after": [round(v, 2) for v in os.getloadavg()], "ended": record.ended,
                            "commit": version.commit, "dirty": version.dirty, "machine": machine_record()})
         remaining = [n for (n, _, _), make in zip(jobs[i:], to_make[i:]) if make]
-        print(f"{tag}: {state} in {seconds:.0f} s" + (f" (log: {run_dir.row_log})" if state != "done" else "")
+        print(f"{tag}: {state} in {seconds:.0f} s" + (f" (log: {run_dir.job_log})" if state != "done" else "")
               + time_left_text(remaining, made_runs(records), phase), flush=True)
     return status
 

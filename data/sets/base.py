@@ -72,10 +72,10 @@ class DataSet(ABC):
     #: the `data.*` options only some sets read (`SET_OPTIONS`) that this one reads; another set
     #: given one of them refuses it in one line rather than ignoring it
     reads: ClassVar[tuple[str, ...]] = ()
-    #: the `data.*` options a table sets to each run's seed so that every seed has validation and
-    #: test sets of its own (`table.split_seeds=per_seed`; docs/tables.md says what each set's
-    #: redraw is); () where the test set is fixed (an official one: CIFAR's, ImageNet's)
-    per_seed_split: ClassVar[tuple[str, ...]] = ()
+    #: the `data.*` options that redraw this set's validation and test sets when changed (another
+    #: generator seed, another carve-out); () where the test set is fixed (an official one:
+    #: CIFAR's, ImageNet's). A table sets them to each run's seed (`table.split_seeds=per_seed`)
+    split_redraw_options: ClassVar[tuple[str, ...]] = ()
 
     # ---- facts and config ------------------------------------------------------------------
     def spec(self, cfg: DataConfig) -> DataSpec:

@@ -82,7 +82,7 @@ class Digits(DataSet):
     in_channels, image_size, num_classes = 1, 8, 10
     form = TensorSamples
     needs_root = False
-    per_seed_split = ("split_seed",)  # another carve-out of the same 1,797 images
+    split_redraw_options = ("split_seed",)  # another carve-out of the same 1,797 images
     config = {"augment": False, "eval_batch_size": 360,  # the whole test split in one batch
               # no data.root: prepared files go under the machine's data folder
               "ffcv": {"dir": "${paths.data_root}/digits/ffcv"},

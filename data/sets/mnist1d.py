@@ -47,7 +47,7 @@ class Mnist1D(DataSet):
     needs_root = False
     pipelines = (Pipeline.torchvision, Pipeline.device)
     reads = ("num_samples", "generator_seed")
-    per_seed_split = ("generator_seed", "split_seed")  # signals drawn afresh, the training set with them
+    split_redraw_options = ("generator_seed", "split_seed")  # signals drawn afresh, the training set with them
     config = {"augment": False, "num_samples": PAPER.num_samples, "generator_seed": PAPER.seed,
               "eval_batch_size": 1000}
 

@@ -54,7 +54,7 @@ class ShakespeareChar(DataSet):
     needs_root = False
     pipelines = (Pipeline.device,)
     reads = ("context_length", "split_blocks", "source_unit", "eval_windows")
-    per_seed_split = ("split_seed",)  # other blocks of the one corpus held out
+    split_redraw_options = ("split_seed",)  # other blocks of the one corpus held out
     config = {"pipeline": "device", "context_length": CONTEXT, "split_blocks": BLOCKS, "source_unit": "play",
               "test_fraction": 0.05, "val_fraction": 0.05, "eval_batch_size": 64}
 
