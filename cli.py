@@ -52,7 +52,7 @@ def main(cfg: DictConfig) -> None:
         entry.exit_process(entry.main(cfg, str(run_dir.root)))
     if cfg.get("table") is not None:
         with report_user_errors():
-            sys.exit(run_table(cfg.table, run_dir.root))
+            sys.exit(run_table(cfg.table, run_dir.root, cfg.get("cluster")))
     if (cfg.get("project") or {}).get("run") is not None:
         with report_user_errors():
             sys.exit(run_project(cfg.project, cfg.get("cluster")))

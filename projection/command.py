@@ -40,7 +40,7 @@ def check_cluster(cluster: Cluster) -> None:
 
 def compute_profile(cfg: ProjectConfig, run: RunInputs) -> ComputeProfile:
     if cfg.device:
-        return device_profile(Path(cfg.device).expanduser())
+        return device_profile(Path(cfg.device).expanduser(), run.worker_batch)
     assert run.ledger is not None
     return ledger_profile(run.ledger, f"the ledger of {run.root} ({run.world} ranks, this machine)")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import yaml
@@ -91,16 +91,36 @@ def profile_from_steps(before: Sequence[float], after: Sequence[float], source: 
                           measured_tail=len(before) > 1, bucket_ready=tuple(bucket_ready))
 
 
-def device_profile(path: Path) -> ComputeProfile:
+def device_profile(path: Path, batch: Optional[int] = None) -> ComputeProfile:
     """A device file (YAML, no code): `step_s: {value, source}` and optionally `samples_s: [...]`
     with `samples_source` (a bench's measured steps, which give the tail) and `after_fraction`
-    (the share of a step after its communication: the optimizer step)."""
+    (the share of a step after its communication: the optimizer step). A file measured at several
+    per-worker batches (bench/device_profile.py) holds those fields per batch under
+    `batches: {B: {...}}`; `batch` picks one, since a table's runs at 4-64 workers of one global
+    batch compute 512/N samples a step each."""
     if not path.is_file():
         raise UserError(f"project.device={path}: no such file; give a device profile (conf/cluster/device/*.yaml)")
     try:
         node = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise UserError(f"project.device={path} is not a device profile ({type(err).__name__}: {err})") from None
+    if isinstance(node, dict) and isinstance(node.get("batches"), dict):
+        measured = node["batches"]
+        if batch not in measured:
+            have = ", ".join(str(b) for b in measured)
+            raise UserError(f"project.device={path} has no steps measured at a per-worker batch of {batch} "
+                            f"(measured: {have}); measure it: python bench/device_profile.py --batches {batch}")
+        return profile_entry(measured[batch], path, f"{path.name} at batch {batch}")
+    return profile_entry(node, path, path.name)
+
+
+def profile_entry(node: Any, path: Path, name: str) -> ComputeProfile:
+    """One measured entry of a device file (see `device_profile`)."""
+    try:
+        if not isinstance(node, dict):
+            raise TypeError(f"a YAML {type(node).__name__}, not a mapping")
         step, source = float(node["step_s"]["value"]), str(node["step_s"]["source"])
-    except (yaml.YAMLError, KeyError, TypeError, ValueError) as err:
+    except (KeyError, TypeError, ValueError) as err:
         raise UserError(f"project.device={path} is not a device profile ({type(err).__name__}: {err}); it needs "
                         "step_s: {value: SECONDS, source: '...'}") from None
     if step <= 0 or not source.strip():
@@ -111,8 +131,8 @@ def device_profile(path: Path) -> ComputeProfile:
         if not str(node.get("samples_source", "")).strip():
             raise UserError(f"project.device={path}: samples_s needs samples_source (the bench that measured them)")
         totals = np.asarray(samples, dtype=float)
-        return profile_from_steps(totals * (1 - after), totals * after, f"{path.name}: {node['samples_source']}")
-    return ComputeProfile(np.array([[step * (1 - after), step * after]]), f"{path.name}: {source}", measured_tail=False,
+        return profile_from_steps(totals * (1 - after), totals * after, f"{name}: {node['samples_source']}")
+    return ComputeProfile(np.array([[step * (1 - after), step * after]]), f"{name}: {source}", measured_tail=False,
                           notes=("the device file gives one step time and no measured spread: every step takes "
                                  "it, so the band is zero",))
 

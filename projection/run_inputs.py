@@ -56,6 +56,14 @@ class RunInputs:
         epochs = float(self.summary.get("epochs") or 0)
         return max(1, round(self.steps / epochs)) if epochs else self.steps
 
+    @property
+    def worker_batch(self) -> int:
+        """Samples a training rank computes per step: what a per-batch device profile is read at."""
+        total, ranks = self.summary.get("global_batch"), self.summary.get("train_ranks")
+        if isinstance(total, int) and isinstance(ranks, int) and ranks > 0:
+            return total // ranks
+        return int(self.config.train.batch_size)
+
     def layout(self) -> ParamLayout:
         """The model's parameter layout (from the ledger, which recorded it; else the model)."""
         if self.ledger is not None and self.ledger.ranks:

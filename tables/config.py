@@ -33,6 +33,7 @@ from core.errors import UserError
 from core.rundir import RunDir
 from core.schema import Section, option, typed_section
 from tables.measure import Better, Headline, evaluation_set, implied_direction
+from tables.projected_config import ProjectedColumns
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 TABLE_CONFIGS = Path(__file__).resolve().parents[1] / "conf" / "table"
@@ -192,6 +193,8 @@ class TableConfig(Section):
     row_constraints: dict[str, Any] = field(default_factory=dict)
     variants: dict[str, list[str]] = field(default_factory=dict)  # name -> overrides; rows x variants
     workers: WorkersAxis = field(default_factory=WorkersAxis)  # rows x numbers of workers (docs/workers.md)
+    # "projected time to ..." files at the gather, on named clusters (tables/projected_config.py)
+    project: ProjectedColumns = field(default_factory=ProjectedColumns)
     # how every row's ranks start: null, the runner's default (launch.launcher=auto: forked from
     # cli.py on one machine); true, launch.launcher=fork (refused where fork cannot serve); false,
     # DeepSpeed's launcher (the same run bit for bit; docs/workers.md); a row's own launch.launcher wins

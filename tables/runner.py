@@ -44,6 +44,7 @@ from tables.compare import n_examples
 from tables.config import (RowConfig, SplitSeeds, TableConfig, TableLauncher, headline, load_table, row_args,
                            row_dir, row_grid)
 from tables.plots import draw_table_plots
+from tables.projected_files import with_projected
 from tables.jobs import JOBS_FILE, JobRecord, production_lines, read_jobs
 from tables.machines import machine_lines
 from tables.provenance import check_tree, mixed_notice, provenance_lines, table_folders
@@ -274,8 +275,9 @@ def made_so_far(table: TableConfig, out: RunsAt) -> tuple[TableConfig, list[str]
     return replace(table, rows=done), lines
 
 
-def run_table(node: DictConfig, out: Path) -> int:
-    """Run (or dry-run) the table; returns the exit code (non-zero if any row failed)."""
+def run_table(node: DictConfig, out: Path, cluster: Optional[Any] = None) -> int:
+    """Run (or dry-run) the table; returns the exit code (non-zero if any row failed). `cluster`: the
+    command's `cluster=NAME`, onto which the gather projects time to quality (tables/projected_files.py)."""
     table = per_seed_options(load_table(node), out)
     if not table.dry_run:  # before anything is written: a store or run folder of another table is refused
         if table.store:
@@ -323,7 +325,7 @@ def run_table(node: DictConfig, out: Path) -> int:
         shown, partial = made_so_far(table, runs_at)
         tuned, tuning = tuned_so_far(table, shown, runs_at) if partial else (chosen(table, runs_at), [])
         return write_table(shown, out, {(row.label, seed): "done" for row, seed, _ in final_jobs(shown, out, tuned)},
-                           tuned, [], partial + tuning, runs_at)
+                           tuned, [], partial + tuning, runs_at, cluster=cluster)
     tune_status: dict[str, str] = {}
     while True:  # a grid extended beyond a winning edge adds jobs; run until none is new
         new = [job for job in tuning_jobs(table, out) if job[0] not in tune_status]
@@ -344,7 +346,7 @@ def run_table(node: DictConfig, out: Path) -> int:
             print(f"{label}: no setting of its grid has {table.select_metric} on every tuning seed (failed runs, "
                   f"or no validation split: data.val_fraction=0); the row is not run", flush=True)
     failed_tuning = [name for name, state in tune_status.items() if state != "done"]
-    return write_table(table, out, status, tuned, failed_tuning, [])
+    return write_table(table, out, status, tuned, failed_tuning, [], cluster=cluster)
 
 
 def rerender(table: TableConfig, out: Path) -> int:
@@ -368,7 +370,8 @@ def rerender(table: TableConfig, out: Path) -> int:
 
 def write_table(table: TableConfig, out: Path, status: dict[tuple[str, int], str], tuned: dict[str, Tuned],
                 failed_tuning: list[str], partial: list[str], runs_at: Optional[RunsAt] = None,
-                carried: Optional[dict[str, dict[str, Any]]] = None, preface: Optional[list[str]] = None) -> int:
+                carried: Optional[dict[str, dict[str, Any]]] = None, preface: Optional[list[str]] = None,
+                cluster: Optional[Any] = None) -> int:
     """Gather the runs into table.md (also printed), table.csv, runs.csv and the plots; returns the
     exit code (non-zero if any row is not complete). `partial`: table.gather_only's lines; `runs_at`:
     where the runs are read (default: `out`; a gather's: its store too, tables/store.py)."""
@@ -387,6 +390,7 @@ def write_table(table: TableConfig, out: Path, status: dict[tuple[str, int], str
                                provenance_lines(table, version, gathered.runs, tuning_runs)
                                + machine_lines(gathered.runs, mixed) + production_lines(out / JOBS_FILE, finished),
                                n_test, partial, against, unit_name(gathered.runs), preface)
+    markdown = with_projected(markdown, table, out, runs_at, cluster)  # (no cluster named: unchanged)
     (out / "table.md").write_text(markdown)
     write_csv(out / "table.csv", gathered.records)
     write_runs_csv(out / "runs.csv", table, gathered.runs)

@@ -1,0 +1,219 @@
+"""A table's "projected time to ..." files at its gather (tables/projected*.py, issue 89): real
+validation curves joined with projected time, on hand-written run folders (no training), and the
+per-batch device profile they read (projection/compute.py, bench/device_profile.py)."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from core.errors import UserError
+from tests.support.harness import compose
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS, STEP_S = 12, 0.01  # every run: 12 steps, evaluated at 4, 8 and 12; the device file's step time
+LOCAL_SGD = ["algo=local_sgd", "algo.sync_schedule=constant", "algo.period=4"]
+ROWS = {"base": ["algo=allreduce"], "local": LOCAL_SGD, "never": ["algo=allreduce"]}
+#: val_acc at steps 4, 8, 12 per row and seed. base's final mean is 0.91 (target a) and 0.9009 its
+#: 0.99 (target b): base seed 1 reaches a at step 12, seed 2 never; local reaches b at step 8 (both
+#: seeds) and a at 12 (seed 2 only); never reaches neither
+CURVES = {"base": {1: (0.5, 0.85, 0.92), 2: (0.5, 0.85, 0.90)},
+          "local": {1: (0.6, 0.905, 0.905), 2: (0.6, 0.905, 0.95)},
+          "never": {1: (0.3, 0.4, 0.5), 2: (0.3, 0.4, 0.5)}}
+
+
+def write_device(path: Path, batches: tuple[int, ...] = (8, 16)) -> Path:
+    """A device file with one step time per batch and no spread (so every projection is exact)."""
+    path.write_text(yaml.safe_dump({"batches": {b: {"step_s": {"value": STEP_S, "source": "a test's figure"}}
+                                                for b in batches}}))
+    return path
+
+
+def write_row_run(out: Path, label: str, seed: int, overrides: list[str], world: int,
+                  curve: tuple[float, ...]) -> Path:
+    """A finished run as the runner writes it: its composed config, summary and eval records."""
+    run = out / label / f"seed_{seed}"
+    run.mkdir(parents=True)
+    OmegaConf.save(compose([*overrides, f"launch.nproc={world}", f"seed={seed}"]).raw, run / "config.yaml")
+    summary = {"steps": STEPS, "epochs": 3.0, "world_size": world, "train_ranks": world, "global_batch": 32,
+               "peak_lr": 0.1, "val_acc": curve[-1], "test_acc": curve[-1], "best_metric": "val_acc"}
+    (run / "summary.json").write_text(json.dumps(summary))
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"kind": "eval", "step": s, "val_acc": v}) + "\n"
+                                               for s, v in zip((4, 8, 12), curve)))
+    return run
+
+
+def table(rows: list[str], counts: list[int], **project: Any) -> Any:
+    """A table node over hand-written runs: rows x worker counts, seeds 1 and 2, baseline `base`."""
+    return OmegaConf.create({"name": "t", "baseline": "base", "seeds": [1, 2], "plots": [], "paper_metrics": [],
+                             "columns": ["test_acc", "val_acc"], "ratios": [], "gather_only": True,
+                             "workers": {"counts": counts}, "rows": [{"label": r} for r in rows],
+                             "project": project})
+
+
+def made(out: Path, runs: dict[str, list[int]]) -> None:
+    """Every row's runs at the worker counts given (a count left out: the row was not run there)."""
+    for label, counts in runs.items():
+        for world in counts:
+            for seed, curve in CURVES[label].items():
+                write_row_run(out, f"{label}.w{world}", seed, ROWS[label], world, curve)
+
+
+def gather(node: Any, out: Path, monkeypatch: Any, cluster: Optional[str] = None) -> int:
+    """The table gathered in-process; a job started would fail the test (a gather trains nothing)."""
+    from tables import runner
+
+    monkeypatch.setattr(runner, "run_row", lambda *a, **k: pytest.fail("a gather ran a job"))
+    node_of = None if cluster is None else yaml.safe_load((REPO / "conf" / "cluster" / f"{cluster}.yaml").read_text())
+    return runner.run_table(node, out, node_of)
+
+
+def cells(path: Path) -> dict[tuple[str, str, str], dict[str, str]]:
+    """projected_<cluster>.csv by (label, target, seed)."""
+    with open(path) as fh:
+        return {(r["label"], r["target"], r["seed"]): r for r in csv.DictReader(fh)}
+
+
+def command_step_s(run: Path, device: Path, cluster: str) -> float:
+    """The projected time per step of one run by `project`'s own path (projection/command.py)."""
+    from projection.cluster import load_preset
+    from projection.command import compute_profile, projections
+    from projection.config import ProjectConfig
+    from projection.run_inputs import read_run
+
+    cfg = ProjectConfig(run=str(run), device=str(device), replicates=1)
+    inputs = read_run(cfg.run, need_ledger=False)
+    return projections(cfg, inputs, load_preset(cluster), compute_profile(cfg, inputs), [inputs.world])[
+        inputs.world].step_s
+
+
+@pytest.fixture(scope="module")
+def gathered(tmp_path_factory: Any) -> tuple[Path, Path]:
+    """base at 2 and 4 workers, local at 2 only, never at 2 and 4, gathered onto eth1 (once)."""
+    root = tmp_path_factory.mktemp("projected")
+    out, device = root / "out", write_device(root / "device.yaml")
+    made(out, {"base": [2, 4], "local": [2], "never": [2, 4]})
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        assert gather(table(["base", "local", "never"], [2, 4], device=str(device)), out, monkeypatch, "eth1") == 0
+    return out, device
+
+
+def test_time_to_target_is_the_projected_step_time_times_the_first_step_reaching_it(
+        gathered: tuple[Path, Path]) -> None:
+    out, device = gathered
+    found = cells(out / "projected_eth1.csv")
+    for label, target, seed, step in (("local.w2@", "loose", "1", 8), ("local.w2@", "baseline", "2", 12),
+                                      ("base.w4@", "baseline", "1", 12), ("base.w2@", "loose", "1", 12)):
+        label = label.rstrip("@")
+        row = found[(label, target, seed)]
+        step_s = command_step_s(out / label / f"seed_{seed}", device, "eth1")
+        assert int(row["reached_step"]) == step
+        assert float(row["projected_s"]) == pytest.approx(step_s * step, rel=1e-5)
+    assert found[("base.w2", "baseline", "2")]["reached_step"] == ""  # 0.90 < the mean 0.91
+    md = (out / "projected_eth1.md").read_text()
+    assert "| projected time to base's final val_acc on eth1 (s) | 2 | 4 |" in md
+    assert "| local |" in md and "(1 of 2 seeds)" in md
+    assert "projected_eth1.md" in (out / "table.md").read_text()  # table.md names the files
+
+
+def test_a_row_that_never_reaches_is_not_reached_and_a_count_without_runs_is_not_run(
+        gathered: tuple[Path, Path]) -> None:
+    out, _ = gathered
+    lines = {line.split(" | ")[0]: line for line in (out / "projected_eth1.md").read_text().splitlines()
+             if line.startswith("| ")}
+    assert lines["| never"].count("not reached") == 2  # both counts, both seeds below the target
+    local = lines["| local"].split(" | ")
+    assert local[2].strip(" |") == "not run" and "not run" not in local[1]  # ran at 2 workers only, never at 4
+
+
+def test_slower_links_cost_allreduce_more_than_local_sgd_and_reprojecting_reads_no_training(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """Two clusters by table.project.clusters: the same reached steps (the curves are the runs'),
+    the times differ, and allreduce's grow more on 1 Gbit/s than local SGD's (it averages 4x as
+    often). No job runs, no run folder is written into."""
+    out, device = tmp_path / "out", write_device(tmp_path / "device.yaml")
+    made(out, {"base": [2], "local": [2], "never": [2]})
+    before = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if "seed_" in p.as_posix())
+    assert gather(table(["base", "local", "never"], [2], device=str(device), clusters=["eth25", "eth1"]), out,
+                  monkeypatch) == 0
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if "seed_" in p.as_posix()) == before
+    fast, slow = cells(out / "projected_eth25.csv"), cells(out / "projected_eth1.csv")
+    assert {k: r["reached_step"] for k, r in fast.items()} == {k: r["reached_step"] for k, r in slow.items()}
+    growth = {label: float(slow[(label, "loose", "1")]["projected_s"])
+              / float(fast[(label, "loose", "1")]["projected_s"]) for label in ("base.w2", "local.w2")}
+    assert growth["base.w2"] > growth["local.w2"] > 1.0
+    assert (out / "projected_bandwidth_eth1.png").is_file() and "## Against link bandwidth" in \
+        (out / "projected_eth1.md").read_text()
+
+
+def test_a_run_without_ledger_and_no_device_profile_is_refused_in_one_line(tmp_path: Path, monkeypatch: Any) -> None:
+    out = tmp_path / "out"
+    made(out, {"base": [2]})
+    with pytest.raises(UserError) as err:
+        gather(table(["base"], [2]), out, monkeypatch, "eth1")
+    assert "\n" not in str(err.value) and "table.project.device" in str(err.value) and "base.w2" in str(err.value)
+    assert not (out / "projected_eth1.md").exists()
+
+
+def test_a_run_with_its_ledger_is_projected_from_it_without_a_device_profile(tmp_path: Path, monkeypatch: Any) -> None:
+    from core.rundir import RunDir
+    from dist_algos.comm.accounting import allreduce_op
+    from dist_algos.comm.pattern import ParamLayout
+    from engine.report.ledger_writer import DATA_WAIT, FORWARD_BACKWARD, PLUGIN, RankLedger, ReportConfig
+
+    out = tmp_path / "out"
+    made(out, {"base": [2]})
+    layout = ParamLayout((1000, 10))
+    for seed in (1, 2):
+        run = RunDir(out / "base.w2" / f"seed_{seed}")
+        for rank in range(2):  # 30 ms of compute a step, the gradient's all-reduce inside the plugin
+            ledger = RankLedger(ReportConfig(ledger=True), run, rank, 2, 2, STEPS, 4, layout)
+            for step in range(STEPS):
+                ledger.begin_step(step)
+                t = step * 0.05
+                for kind, a, b in ((DATA_WAIT, 0, 0.001), (FORWARD_BACKWARD, 0.001, 0.03), (PLUGIN, 0.03, 0.04)):
+                    ledger.segment(kind, t + a, t + b)
+                ledger.comm(allreduce_op(layout.total_bytes, 2, bucket=0), t + 0.03, t + 0.035, t + 0.03, step)
+            ledger.flush()
+    assert gather(table(["base"], [2]), out, monkeypatch, "eth1") == 0
+    md = (out / "projected_eth1.md").read_text()
+    assert "the ledger of base.w2/seed_1" in md and "device profile" not in md
+
+
+def test_a_per_batch_device_file_gives_each_batch_its_steps_and_old_files_still_load(tmp_path: Path) -> None:
+    from projection.compute import device_profile
+
+    path = tmp_path / "d.yaml"
+    path.write_text(yaml.safe_dump({"batches": {8: {"step_s": {"value": 0.002, "source": "s"},
+                                                    "samples_s": [0.001, 0.003], "samples_source": "bench",
+                                                    "after_fraction": 0.25},
+                                                64: {"step_s": {"value": 0.005, "source": "s"}}}}))
+    eight = device_profile(path, 8)
+    assert eight.measured_tail and eight.steps.ravel().tolist() == pytest.approx([0.00075, 0.00025, 0.00225, 0.00075])
+    assert device_profile(path, 64).median_s == pytest.approx(0.005) and not device_profile(path, 64).measured_tail
+    with pytest.raises(UserError) as err:
+        device_profile(path, 16)
+    assert "\n" not in str(err.value) and "batch of 16" in str(err.value) and "measured: 8, 64" in str(err.value)
+    old = device_profile(REPO / "conf" / "cluster" / "device" / "h200_resnet50_b256.yaml", 32)  # no batches: as before
+    assert old.median_s == pytest.approx(0.05934)
+
+
+def test_the_bench_writes_a_file_the_projection_reads(tmp_path: Path) -> None:
+    import importlib.util
+
+    from projection.compute import device_profile
+
+    spec = importlib.util.spec_from_file_location("device_bench", REPO / "bench" / "device_profile.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "cpu.yaml"
+    args = ["--batches", "8", "16", "--steps", "6", "--rounds", "2", "--warmup", "1", "--out", str(out)]
+    assert bench.main(args) == 0
+    for batch in (8, 16):
+        profile = device_profile(out, batch)
+        assert len(profile.steps) == 6 and profile.measured_tail and "bench/device_profile.py" in profile.source
