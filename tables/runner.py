@@ -45,6 +45,7 @@ from tables.config import (RowConfig, SplitSeeds, TableConfig, TableLauncher, he
                            row_dir, row_grid)
 from tables.plots import draw_table_plots
 from tables.projected_files import with_projected
+from tables.papers_time import run_papers_time
 from tables.jobs import JOBS_FILE, JobRecord, production_lines, read_jobs
 from tables.machines import machine_lines
 from tables.provenance import check_tree, mixed_notice, provenance_lines, table_folders
@@ -278,6 +279,8 @@ def made_so_far(table: TableConfig, out: RunsAt) -> tuple[TableConfig, list[str]
 def run_table(node: DictConfig, out: Path, cluster: Optional[Any] = None) -> int:
     """Run (or dry-run) the table; returns the exit code (non-zero if any row failed). `cluster`: the
     command's `cluster=NAME`, onto which the gather projects time to quality (tables/projected_files.py)."""
+    if node.get("claims") is not None:  # papers' figures projected, not rows of runs (tables/papers_time.py)
+        return run_papers_time(node, out)
     table = per_seed_options(load_table(node), out)
     if not table.dry_run:  # before anything is written: a store or run folder of another table is refused
         if table.store:
