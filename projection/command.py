@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import Any, Optional
 
 from core.errors import UserError
 from core.schema import typed_section
@@ -23,11 +21,11 @@ from projection.cluster import Cluster, load_cluster
 from projection.compute import ComputeProfile, device_profile, imbalance_delays
 from projection.config import ProjectConfig
 from projection.engine import EVENT_REPLICATES, Projection, project
+from projection.ledger_digest import RunMeasures, measures_of
 from projection.ledger_view import profile as ledger_profile
-from projection.ledger_view import recorded_ops, service_times
 from projection.network import Network
 from projection.run_inputs import RunInputs, read_run, validation_curve
-from projection.workload import byte_ratios, declared
+from projection.workload import declared
 
 
 def check_cluster(cluster: Cluster) -> None:
@@ -58,22 +56,16 @@ def target_step(run: RunInputs, target: float) -> tuple[int, str]:
 
 
 def projections(cfg: ProjectConfig, run: RunInputs, cluster: Cluster, profile: ComputeProfile,
-                workers: list[int]) -> dict[int, Projection]:
+                workers: list[int], measured: Optional[RunMeasures] = None) -> dict[int, Projection]:
+    """The run at each of `workers` on `cluster`. `measured`: the run's layout, byte ratios and
+    service times where they come from elsewhere than its ledger (a table store's ledger digest)."""
     out = {}
-    layout = run.layout()
-    recorded = recorded_ops(run.ledger) if run.ledger is not None else {}
-    ratios = {}
-    if run.ledger is not None and recorded:  # what the run's data-dependent ops carried, of their most
-        own = declared(run.algorithm, run.config.algo, run.world, run.pattern_config(run.ledger.facts().local_size),
-                       layout, run.steps)
-        ratios = byte_ratios(own.ops, recorded)
-    servers = [r for r in range(run.world) if r not in set(run.algorithm.layout(run.config.algo, run.world).train)]
-    service = service_times(run.ledger, servers) if run.ledger is not None and servers else {}
-    per_server = float(np.median(list(service.values()))) if service else 0.0
+    measured = measured or measures_of(run)
+    layout, per_server = measured.layout, measured.per_server_s
     for world in workers:
         work = declared(run.algorithm, run.config.algo, world, run.pattern_config(cluster.ranks_per_node), layout,
                         run.steps)
-        work.byte_ratios = ratios
+        work.byte_ratios = measured.byte_ratios
         delays = imbalance_delays(run.imbalance(), work.train_ranks, run.steps, profile.median_s)
         out[world] = project(work, Network(cluster, world), profile, seed=cfg.seed, replicates=cfg.replicates,
                              delays=delays,

@@ -123,15 +123,19 @@ def recorded(ops: dict[tuple[int, int], list[CommOp]], world: int, steps: int, t
 
 def byte_ratios(declared_ops: OpsAt, recorded_ops: dict[tuple[int, int], list[CommOp]]) -> dict[tuple, float]:
     """For each kind of data-dependent declared op, the run's recorded bytes over the declared
-    most (a mean over every op the ledger has a twin for)."""
+    most (a mean over every op the ledger has a twin for). An op's twin is the recorded op of
+    its shape at the same place among the step's ops of that shape, in issue order: a top-k's
+    all-gather of sizes and its all-gather of values share a shape, and only the second is the
+    data's."""
     sums: dict[tuple, list[float]] = {}
     for (rank, step), got in recorded_ops.items():
-        want = [op for op in declared_ops(rank, step) if op.data_dependent]
-        for op in want:
+        seen: dict[tuple, int] = {}
+        for op in declared_ops(rank, step):
+            place = seen[op.shape()] = seen.get(op.shape(), -1) + 1
             twins = [g for g in got if g.shape() == op.shape()]
-            if twins and op.wire_bytes:
+            if op.data_dependent and place < len(twins) and op.wire_bytes:
                 pair = sums.setdefault(shape_key(op), [0.0, 0.0])
-                pair[0] += twins[0].wire_bytes
+                pair[0] += twins[place].wire_bytes
                 pair[1] += op.wire_bytes
     return {key: got / most for key, (got, most) in sums.items() if most}
 

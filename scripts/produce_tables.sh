@@ -11,6 +11,7 @@
 #   scripts/produce_tables.sh start [COMMIT]   # in the background; logs in $TABLES_DIR/<table>.log
 #   scripts/produce_tables.sh pause            # the running run checkpoints and stops; start resumes it
 #   scripts/produce_tables.sh status           # runs made per table, and the latest estimate of what is left
+#   scripts/produce_tables.sh digests          # each carried run's ledger digest from its run folder (below)
 #
 # COMMIT: the code the runs are made with; by default the commit the first table's store was started
 # at (its jobs.jsonl), else HEAD, so that a table is not made of several commits by accident; a
@@ -18,6 +19,10 @@
 # COMMIT named here is deliberate: stores begun at another commit are continued at it, and each
 # table.md lists every commit its runs were made at (tables/provenance.py). Name one only
 # after `git diff <store's commit> COMMIT` shows the training path unchanged.
+# A run made with report.ledger=true keeps its time ledger in its run folder under $TABLES_DIR, too big
+# for git; the store keeps a digest of it (ledger_digest.json: what the projected columns need,
+# tables/ledger_digests.py). A chain started at a commit that writes no digest leaves them to
+# `digests`, which pause and status also run: run it before the run folders are lost with the machine.
 # Environment: TABLES (default below, in order), TABLES_DIR (run folders, logs, the worktree;
 # default /tmp/tables). Uses the repository's .venv (scripts/setup_env.sh).
 set -euo pipefail
@@ -34,6 +39,14 @@ WT="$DIR/worktree"
 LOOP_MATCH="produce_tables.sh loop $DIR\$"
 
 store() { echo "$REPO/docs/results/$1/store"; }
+
+digests() {  # each carried run's ledger digest, written from its run folder where the store lacks it
+    local t
+    for t in $TABLES; do
+        [ -d "$(store "$t")" ] && [ -d "$DIR/$t" ] || continue
+        (cd "$REPO" && "$PY" -m tables.ledger_digests "$(store "$t")" "$DIR/$t") || true
+    done
+}
 
 started_at() {  # the commit a store's first job ran at ("" if none)
     local jobs
@@ -106,8 +119,13 @@ pause)
         echo "produce_tables: $run still running after 300 s" >&2; exit 1
     fi
     echo "paused"
+    digests
+    ;;
+digests)
+    digests
     ;;
 status)
+    digests
     for t in $TABLES; do
         # loose or sealed alike (tables/run_records.py)
         n=$(cd "$REPO" && "$PY" -c 'import sys; from pathlib import Path; from tables.store import store_records

@@ -182,6 +182,7 @@ class Projected:
     targets: dict[str, Optional[tuple[Target, Target]]]
     cells: dict[str, tuple[Cell, Cell]]
     sources: list[str]
+    used: dict[tuple[str, int], tuple[str, str]]  # (row, seed) -> (its compute's source, its byte ratios')
     # target (0: a, 1: b) -> Gbit/s -> row -> seconds (None: not reached)
     sweep: dict[int, dict[float, dict[str, Optional[float]]]] = field(default_factory=dict)
     sweep_workers: Optional[int] = None
@@ -207,7 +208,8 @@ def project_table(table: TableConfig, rows: dict[str, RowRuns], cluster: Cluster
         cells[label] = (cell(found, pair[0] if pair else None, projector, cluster),
                         cell(found, pair[1] if pair else None, projector, cluster))
     sources = sorted({projector.source(run) for r in rows.values() for run in r.runs.values()})
-    return Projected(cluster, rows, baselines, targets, cells, sources)
+    used = {(label, seed): projector.used(run) for label, r in rows.items() for seed, run in r.runs.items()}
+    return Projected(cluster, rows, baselines, targets, cells, sources, used)
 
 
 def with_bandwidth(cluster: Cluster, gbit: float) -> Cluster:

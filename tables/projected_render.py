@@ -175,8 +175,10 @@ def render(projected: Projected, table: TableConfig, figure: str) -> str:
              "95th percentile of the compute tail's bootstrap]; \"(k of n seeds)\" where not all did; \"not reached\" "
              "when none did; \"not run\" where the row has no runs at that count. A run reaches a target at an "
              "evaluation, so the time is to the first evaluation step at or past it (the curve's resolution).",
-             "- Compute: " + ("; ".join(compute_sources(projected.sources)) or "none yet") + ". A synchronous step "
-             "at P workers waits for the slowest of P draws from it, so its measured tail counts as its median does.",
+             "- Compute: " + ("; ".join(compute_sources(projected.sources)) or "none yet") + " (per run, with where "
+             "its data-dependent ops' byte ratios came from: the CSV's compute and byte_ratios columns). A "
+             "synchronous step at P workers waits for the slowest of P draws from it, so its measured tail counts as "
+             "its median does.",
              f"- What it cannot say: {PROOF}; what the model ignores (docs/projection.md: transport detail, compute "
              f"interference, correlated slow ranks); a quality at any worker count or batch other than the one that "
              f"ran (each cell's steps are its own runs').", ""]
@@ -197,7 +199,8 @@ def write_csv(projected: Projected, path: Path) -> None:
     with open(path, "w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(["cluster", "label", "series", "workers", "target", "metric", "target_value", "seed",
-                         "reached_step", "projected_s", "projected_low_s", "projected_high_s"])
+                         "reached_step", "projected_s", "projected_low_s", "projected_high_s", "compute",
+                         "byte_ratios"])
         for label, (a, b) in projected.cells.items():
             row = projected.rows[label]
             for c in (a, b):
@@ -209,4 +212,4 @@ def write_csv(projected: Projected, path: Path) -> None:
                     writer.writerow([projected.cluster.name, label, series_of(projected, label), row.train_ranks, kind,
                                      c.target.metric if c.target else "", value, seed, t.step if t else "",
                                      *(f"{v:.6g}" for v in ((t.seconds, t.low, t.high) if t else ()))]
-                                    + ([] if t else ["", "", ""]))
+                                    + ([] if t else ["", "", ""]) + list(projected.used[(label, seed)]))

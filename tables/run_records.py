@@ -1,12 +1,12 @@
 """A table's finished runs, read through one interface whatever holds them.
 
 Why one interface: a run's record (RECORD_FILES: summary, per-step metrics, composed config, the
-overrides it was launched with) lives in three places in a table's life: the run folder the runner
-writes (`hydra.run.dir`), a store's loose form (per-run folders, committed while a table is produced,
-tables/store.py) and a store's sealed form (every run's record packed into two Parquet files, written
-once when the table is finished, tables/sealed.py). The gather, the tuning choice, runs.csv, the
-figures and `restore` read runs only through `RunRecords`, so none of them knows which form it reads
-and none opens a store's files itself.
+overrides it was launched with, the digest of its time ledger where it kept one) lives in three
+places in a table's life: the run folder the runner writes (`hydra.run.dir`), a store's loose form
+(per-run folders, committed while a table is produced, tables/store.py) and a store's sealed form
+(every run's record packed into two Parquet files, written once when the table is finished,
+tables/sealed.py). The gather, the tuning choice, runs.csv, the figures and `restore` read runs only
+through `RunRecords`, so none of them knows which form it reads and none opens a store's files itself.
 
 Runs are named by their path relative to the folder that holds them (`<label>/seed_<s>`,
 `<label>/tune/<setting>/seed_<s>`), the runner's layout in every form.
@@ -37,10 +37,13 @@ METRICS = "metrics.jsonl"  # one JSON object a line: train and eval records, res
 METRICS_XZ = "metrics.jsonl.xz"  # the same, xz-compressed: a loose store's form of it (written once)
 CONFIG = "config.yaml"
 OVERRIDES = ".hydra/overrides.yaml"
+#: the digest of a run's time ledger (projection/ledger_digest.py), written when a run with a
+#: ledger is carried into a store (the ledger itself, megabytes, is never carried)
+LEDGER_DIGEST = "ledger_digest.json"
 #: the files of a run kept byte for byte in every form (metrics are kept record for record)
-TEXT_FILES = (SUMMARY, CONFIG, OVERRIDES)
+TEXT_FILES = (SUMMARY, CONFIG, OVERRIDES, LEDGER_DIGEST)
 #: a run's record: what a table reads from a finished run, never its checkpoints
-RECORD_FILES = (SUMMARY, METRICS, CONFIG, OVERRIDES)
+RECORD_FILES = (SUMMARY, METRICS, CONFIG, OVERRIDES, LEDGER_DIGEST)
 #: a sealed store's two files (tables/sealed.py): every run's texts, every run's metrics records
 SEALED_RUNS, SEALED_METRICS = "runs.parquet", "metrics.parquet"
 #: keys of a train or eval record that the tables read as numbers (besides the test_/val_ metrics)

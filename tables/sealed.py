@@ -8,8 +8,10 @@ their repetition across runs compresses.
 The store folder then holds, beside store.json and jobs.jsonl:
 
 - `runs.parquet`: one row per finished run: `run` (its path in the runner's layout), one column per
-  text file of the run named as the file (`summary.json`, `config.yaml`, `.hydra/overrides.yaml`)
-  holding its exact text (null: the run had none), and `metrics` (whether it had a metrics file).
+  text file of the run named as the file (`summary.json`, `config.yaml`, `.hydra/overrides.yaml`,
+  `ledger_digest.json`) holding its exact text (null: the run had none), and `metrics` (whether it
+  had a metrics file). A file sealed before a column existed (the digests' came later) reads as
+  null in every run: such a store's runs have no digest.
 - `metrics.parquet`: one row per metrics record, the runs in runs.parquet's order and each run's
   records in the order written: `run`, `@keys` (the record's keys in their order, a JSON list), and
   one column per key, typed by the key's values (int64, float64, bool or string; null where a

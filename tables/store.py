@@ -2,14 +2,14 @@
 
 Why: a table here is tens of hours of runs, made in sittings, and a sitting's machine may be a fresh
 one, its run folder (hydra.run.dir) gone with the last. With `table.store` set, the runner copies
-each finished run's record (RECORD_FILES: what the table reads from a run, never its checkpoints)
-into PATH, in the run folder's layout, as the run finishes, and appends the run's jobs.jsonl line
-there too. When the table starts it puts back into its run folder every finished run PATH holds
-that the folder lacks, and merges the two jobs.jsonl; a run the folder holds finished but PATH
-lacks (its runner stopped between the run's end and the copy) is carried when the runner reaches
-it. Commit PATH (e.g. docs/results/NAME/store) and a later checkout resumes the table where the
-last one stopped, every run keeping the commit it was made at. PATH is left out of the dirty-tree
-check, as the run folder is.
+each finished run's record (RECORD_FILES: what the table reads from a run, never its checkpoints
+or its time ledger, whose digest it writes instead) into PATH, in the run folder's layout, as the
+run finishes, and appends the run's jobs.jsonl line there too. When the table starts it puts back
+into its run folder every finished run PATH holds that the folder lacks, and merges the two
+jobs.jsonl; a run the folder holds finished but PATH lacks (its runner stopped between the run's
+end and the copy) is carried when the runner reaches it. Commit PATH (e.g. docs/results/NAME/store)
+and a later checkout resumes the table where the last one stopped, every run keeping the commit it
+was made at. PATH is left out of the dirty-tree check, as the run folder is.
 
 A store has two forms, read alike (tables/run_records.py's `RunRecords`, `store_records`):
 - LOOSE, while the table is produced: a folder per run, each file written once when the run
@@ -39,11 +39,13 @@ from pathlib import Path
 
 from core.errors import UserError
 from core.provenance import REPO
+from projection.ledger_digest import digest_text
+from projection.ledger_digest import write as write_digest
 from tables.config import TableConfig
 from tables.jobs import JOBS_FILE, read_jobs
-from tables.run_records import (METRICS, METRICS_XZ, RECORD_FILES, SEALED_METRICS, SEALED_RUNS, SUMMARY,
-                                TEXT_FILES, FolderRecords, Overlay, RunRecords, corrupt, decode_text, parse_json,
-                                rel_of)
+from tables.run_records import (LEDGER_DIGEST, METRICS, METRICS_XZ, RECORD_FILES, SEALED_METRICS, SEALED_RUNS,
+                                SUMMARY, TEXT_FILES, FolderRecords, Overlay, RunRecords, corrupt, decode_text,
+                                parse_json, rel_of)
 
 STORE_FILE = "store.json"  # which table (and form) the store's runs belong to
 FOLDER_FILE = "table.json"  # which table (and form) a run folder's runs belong to
@@ -78,10 +80,20 @@ def store_records(store: Path, identity: dict[str, object] | None = None) -> Run
 def save_run(store: Path, out: Path, run_root: Path) -> None:
     """Carry a run that has just finished in `out` into the store (the loose form): its text files
     as they are, its metrics xz-compressed, summary.json last, so that a copy cut short is never
-    taken for a finished run."""
+    taken for a finished run. A run that kept a time ledger (`ledger/`, never carried: megabytes)
+    gets its digest (projection/ledger_digest.py) among them, so that a store gathered elsewhere
+    still projects from the run's own compute; a ledger that cannot be read is named in one line
+    and the run is carried without one."""
     dst = store / run_root.relative_to(out)
+    try:
+        digest = digest_text(run_root, f"run {rel_of(out, run_root)}")
+    except UserError as err:
+        print(f"table.store: {rel_of(out, run_root)} carried without a ledger digest: {err}", flush=True)
+        digest = None
+    if digest is not None:
+        write_digest(dst / LEDGER_DIGEST, digest)
     for name in sorted(RECORD_FILES, key=lambda n: n == SUMMARY):
-        if not (run_root / name).is_file():
+        if not (run_root / name).is_file() or (name == LEDGER_DIGEST and digest is not None):
             continue
         (dst / name).parent.mkdir(parents=True, exist_ok=True)
         if name == METRICS:

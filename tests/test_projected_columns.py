@@ -160,18 +160,18 @@ def test_a_run_without_ledger_and_no_device_profile_is_refused_in_one_line(tmp_p
     assert not (out / "projected_eth1.md").exists()
 
 
-def test_a_run_with_its_ledger_is_projected_from_it_without_a_device_profile(tmp_path: Path, monkeypatch: Any) -> None:
+def write_ledgers(out: Path) -> None:
+    """base.w2's two seeds given time ledgers by the ledger's own writer: 30 ms of compute a step,
+    the gradient's all-reduce inside the plugin."""
     from core.rundir import RunDir
     from dist_algos.comm.accounting import allreduce_op
     from dist_algos.comm.pattern import ParamLayout
     from engine.report.ledger_writer import DATA_WAIT, FORWARD_BACKWARD, PLUGIN, RankLedger, ReportConfig
 
-    out = tmp_path / "out"
-    made(out, {"base": [2]})
     layout = ParamLayout((1000, 10))
     for seed in (1, 2):
         run = RunDir(out / "base.w2" / f"seed_{seed}")
-        for rank in range(2):  # 30 ms of compute a step, the gradient's all-reduce inside the plugin
+        for rank in range(2):
             ledger = RankLedger(ReportConfig(ledger=True), run, rank, 2, 2, STEPS, 4, layout)
             for step in range(STEPS):
                 ledger.begin_step(step)
@@ -180,9 +180,39 @@ def test_a_run_with_its_ledger_is_projected_from_it_without_a_device_profile(tmp
                     ledger.segment(kind, t + a, t + b)
                 ledger.comm(allreduce_op(layout.total_bytes, 2, bucket=0), t + 0.03, t + 0.035, t + 0.03, step)
             ledger.flush()
+
+
+def test_a_run_with_its_ledger_is_projected_from_it_without_a_device_profile(tmp_path: Path, monkeypatch: Any) -> None:
+    out = tmp_path / "out"
+    made(out, {"base": [2]})
+    write_ledgers(out)
     assert gather(table(["base"], [2]), out, monkeypatch, "eth1") == 0
     md = (out / "projected_eth1.md").read_text()
-    assert "the ledger of base.w2/seed_1" in md and "device profile" not in md
+    assert "each run's own time ledger" in md and "device profile" not in md
+    assert {(r["compute"], r["byte_ratios"]) for r in cells(out / "projected_eth1.csv").values()} == \
+        {("its ledger", "its ledger")}
+
+
+def test_compute_device_takes_the_device_file_for_runs_with_a_ledger(tmp_path: Path, monkeypatch: Any) -> None:
+    """table.project.compute=device: every run's compute from the device file (its ledger's
+    byte ratios still used), the same time as `project` with that file gives."""
+    out, device = tmp_path / "out", write_device(tmp_path / "device.yaml")
+    made(out, {"base": [2]})
+    write_ledgers(out)
+    assert gather(table(["base"], [2], device=str(device), compute="device"), out, monkeypatch, "eth1") == 0
+    row = cells(out / "projected_eth1.csv")[("base.w2", "loose", "1")]
+    assert (row["compute"], row["byte_ratios"]) == ("table.project.device (device.yaml at batch 16)", "its ledger")
+    step_s = command_step_s(out / "base.w2" / "seed_1", device, "eth1")
+    assert float(row["projected_s"]) == pytest.approx(step_s * int(row["reached_step"]), rel=1e-5)
+
+
+def test_compute_ledger_refuses_a_run_without_one_in_one_line(tmp_path: Path, monkeypatch: Any) -> None:
+    out, device = tmp_path / "out", write_device(tmp_path / "device.yaml")
+    made(out, {"base": [2]})
+    with pytest.raises(UserError) as err:
+        gather(table(["base"], [2], device=str(device), compute="ledger"), out, monkeypatch, "eth1")
+    message = str(err.value)
+    assert "\n" not in message and "table.project.compute=ledger" in message and "base.w2" in message
 
 
 def test_a_per_batch_device_file_gives_each_batch_its_steps_and_old_files_still_load(tmp_path: Path) -> None:
