@@ -109,7 +109,8 @@ def device_profile(path: Path, batch: Optional[int] = None) -> ComputeProfile:
         if batch not in measured:
             have = ", ".join(str(b) for b in measured)
             raise UserError(f"project.device={path} has no steps measured at a per-worker batch of {batch} "
-                            f"(measured: {have}); measure it: python bench/device_profile.py --batches {batch}")
+                            f"(measured: {have}); measure it with the bench command its source names, adding "
+                            f"--batches {batch}")
         return profile_entry(measured[batch], path, f"{path.name} at batch {batch}")
     return profile_entry(node, path, path.name)
 

@@ -233,17 +233,58 @@ def test_a_per_batch_device_file_gives_each_batch_its_steps_and_old_files_still_
     assert old.median_s == pytest.approx(0.05934)
 
 
-def test_the_bench_writes_a_file_the_projection_reads(tmp_path: Path) -> None:
+def device_bench() -> Any:
+    """bench/device_profile.py as a module (bench/ is scripts, not a package), registered as
+    importlib's recipe says (its dataclasses look their module up)."""
     import importlib.util
-
-    from projection.compute import device_profile
+    import sys
 
     spec = importlib.util.spec_from_file_location("device_bench", REPO / "bench" / "device_profile.py")
     bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_bench_writes_a_file_the_projection_reads(tmp_path: Path) -> None:
+    from projection.compute import device_profile
+
+    bench = device_bench()
     out = tmp_path / "cpu.yaml"
     args = ["--batches", "8", "16", "--steps", "6", "--rounds", "2", "--warmup", "1", "--out", str(out)]
     assert bench.main(args) == 0
     for batch in (8, 16):
         profile = device_profile(out, batch)
         assert len(profile.steps) == 6 and profile.measured_tail and "bench/device_profile.py" in profile.source
+
+
+def test_the_bench_profiles_the_lm_recipes_gpt_per_window_batch(tmp_path: Path) -> None:
+    from data import data_spec
+    from models import build_model
+    from projection.compute import device_profile
+
+    out = tmp_path / "gpt.yaml"
+    args = ["--model", "gpt", "--batches", "1", "2", "--steps", "4", "--rounds", "2", "--warmup", "1",
+            "--out", str(out)]
+    assert device_bench().main(args) == 0
+    doc = yaml.safe_load(out.read_text())
+    recipe = compose(["recipe=lm/shakespeare_cpu"])  # the model the file names is the recipe's, not a copy
+    params = sum(p.numel() for p in build_model(recipe.model, data_spec(recipe.data)).parameters())
+    assert f"{params:,} parameters" in doc["model"] and "AdamW" in doc["model"]
+    for batch in (1, 2):
+        profile = device_profile(out, batch)
+        assert len(profile.steps) == 4 and profile.measured_tail and "--model gpt" in profile.source
+        assert 0 < doc["batches"][batch]["after_fraction"] < 1  # clipping and AdamW's step, after the exchange
+    with pytest.raises(UserError):
+        device_profile(out, 8)
+
+
+@pytest.mark.parametrize("name", ["frontier_mnist1d_cpu", "frontier_lm_cpu"])
+def test_the_frontier_tables_device_profile_measured_their_workers_batch(name: str) -> None:
+    from projection.compute import device_profile
+
+    node = yaml.safe_load((REPO / "recipes" / "tables" / f"{name}.yaml").read_text())
+    batch = int(next(o.split("=")[1] for o in node["overrides"] if o.startswith("train.batch_size=")))
+    assert node["project"]["compute"] == "device"
+    profile = device_profile(REPO / node["project"]["device"], batch)  # refused if that batch was not measured
+    assert profile.measured_tail and "bench/device_profile.py" in profile.source
