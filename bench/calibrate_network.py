@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,8 +41,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from core.distenv import init_distributed  # noqa: E402
-from engine.launch.network import (MASTER_PORT, EmulatedCluster, NetworkConfig, NetworkKind,  # noqa: E402
+from engine.launch.network import (EmulatedCluster, NetworkConfig, NetworkKind,  # noqa: E402
                                    requirements_problem)
+from bench.network import run_job  # noqa: E402
 from projection.calibration import Point, fit, make_record, predict, write_record  # noqa: E402
 from projection.cluster import CALIBRATIONS  # noqa: E402
 
@@ -129,23 +129,11 @@ def rank_main(job: dict[str, Any]) -> None:
 def measure(mbit: float, sizes: list[int], repeats: int, timeout: float = 1800) -> list[Point]:
     """Every case at nominal `mbit`, eight ranks on eight emulated nodes."""
     cfg = NetworkConfig(kind=NetworkKind.emulated, bandwidth_mbit=mbit)
-    with EmulatedCluster(cfg, ranks=RANKS) as net, tempfile.TemporaryDirectory() as tmp:
-        job = {"sizes": sizes, "repeats": repeats, "out": str(Path(tmp) / "result.json")}
-        env = {**os.environ, **net.env(), "MASTER_ADDR": net.master_addr, "MASTER_PORT": str(MASTER_PORT),
-               "WORLD_SIZE": str(RANKS), "LOCAL_SIZE": "1", "LOCAL_RANK": "0", "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": str(REPO)}
-        procs = [subprocess.Popen(net.prefix(r) + [sys.executable, __file__, "--rank-job", json.dumps(job)],
-                                  env={**env, "RANK": str(r)}, cwd=REPO) for r in range(RANKS)]
-        deadline = time.monotonic() + timeout
-        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        codes = [p.wait() for p in procs]
-        if any(codes):
-            raise SystemExit(f"bench/calibrate_network.py: ranks failed at {mbit:g} Mbit/s (exit codes {codes})")
-        rows = json.loads(Path(job["out"]).read_text())
+    with EmulatedCluster(cfg, ranks=RANKS) as net:
+        try:
+            rows = run_job(net, RANKS, {"sizes": sizes, "repeats": repeats}, timeout, script=__file__)
+        except RuntimeError as err:
+            raise SystemExit(f"bench/calibrate_network.py: ranks failed at {mbit:g} Mbit/s ({err})") from None
     return [Point(kind=r["kind"], world=r["world"], nbytes=r["nbytes"], mbit=mbit, seconds=r["seconds"],
                   groups=r.get("groups", 1), senders=r.get("senders", 1)) for r in rows]
 

@@ -144,14 +144,17 @@ def rank_main(job: dict[str, Any]) -> None:
 
 # ---- the launching process ----------------------------------------------------------------------
 
-def run_job(cluster: EmulatedCluster, world: int, job: dict[str, Any], timeout: float = 900) -> dict[str, Any]:
-    """`world` ranks, rank r on node r, running `rank_main(job)`; rank 0's result."""
+def run_job(cluster: EmulatedCluster, world: int, job: dict[str, Any], timeout: float = 900,
+            script: str = __file__) -> Any:
+    """`world` ranks, rank r on node r, each running `script --rank-job JOB` (by default this one's
+    `rank_main(job)`); the result rank 0 wrote to `job["out"]`. bench/calibrate_network.py runs its
+    own rank job through it."""
     with tempfile.TemporaryDirectory() as tmp:
         job = {**job, "out": str(Path(tmp) / "result.json")}
         env = {**os.environ, **cluster.env(), "MASTER_ADDR": cluster.master_addr, "MASTER_PORT": str(MASTER_PORT),
                "WORLD_SIZE": str(world), "LOCAL_SIZE": "1", "LOCAL_RANK": "0", "OMP_NUM_THREADS": "1",
                "PYTHONPATH": str(REPO)}
-        procs = [subprocess.Popen(cluster.prefix(r) + [sys.executable, __file__, "--rank-job", json.dumps(job)],
+        procs = [subprocess.Popen(cluster.prefix(r) + [sys.executable, script, "--rank-job", json.dumps(job)],
                                   env={**env, "RANK": str(r)}, cwd=REPO) for r in range(world)]
         deadline = time.monotonic() + timeout
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
