@@ -114,7 +114,7 @@ class TableConfig(Section):
     seeds: list[int] = field(default_factory=lambda: [0])
     overrides: list[str] = field(default_factory=list)  # added to every row
     paper_metrics: list[str] = field(default_factory=lambda: ["test_acc"])  # published columns shown
-    plots: list[str] = field(default_factory=lambda: ["accuracy"])  # accuracy | intervals | levels | pareto | series:<key> | throughput | wall | speedup:<m>
+    plots: list[str] = field(default_factory=lambda: ["accuracy"])  # accuracy | intervals | levels | pareto | frontier | series:<key> | throughput | wall | speedup:<m>
     rows: list[RowConfig] = field(default_factory=list)
     # summary.json keys shown per row, plus time_to_target_s (needs target_acc); ratios: those
     # divided by the baseline row's
@@ -214,7 +214,8 @@ class TableConfig(Section):
     row_timeout_s: Optional[float] = option(None, gt=0)
 
 
-PLOTS = ("accuracy", "intervals", "pareto", "throughput", "wall", "levels", "workers")  # tables/plots.py draws
+# tables/plots.py draws; `frontier` (its figure, frontier.csv and a table.md section) tables/frontier.py
+PLOTS = ("accuracy", "intervals", "pareto", "throughput", "wall", "levels", "workers", "frontier")
 
 
 def algorithm_rows(folder: Path = CPU_RECIPES) -> list[RowConfig]:

@@ -201,7 +201,7 @@ def _is_measure(metric: str) -> bool:
     return evaluation_set(metric) is not None or metric in TASK_METRICS or "_acc" in metric or metric.endswith("acc")
 
 
-def _cell_text(rec: dict[str, Any], metric: str) -> str:
+def cell_text(rec: dict[str, Any], metric: str) -> str:
     """A cell as table.md shows it: `mean ± h`, or `mean [low, high]` where the interval was cut at
     the metric's range."""
     value, h = rec.get(metric), rec.get(f"{metric}_ci95")
@@ -232,7 +232,7 @@ def _fmt(value: Any, metric: str, ci: Any = None) -> str:
     return f"{text} ± {ci:.4f}" if ci is not None and _is_measure(metric) else text
 
 
-def _fmt_diff(rec: dict[str, Any]) -> str:
+def diff_text(rec: dict[str, Any]) -> str:
     """`+0.0123 [+0.0050, +0.0196] resolved`: the difference, its interval at the Holm level (the
     95% one where no correction applies), and the Holm-corrected flag; the mean alone without one."""
     if rec.get("diff") is None:
@@ -286,7 +286,7 @@ def render_markdown(table: TableConfig, records: list[dict[str, Any]], tuned: Op
         if rec["status"] != "ok":
             cells = [rec["label"], f"**{rec['status']}** (log: {rec['log']})"] + [""] * (len(head) - 2)
         else:
-            cells = [rec["label"], *(_cell_text(rec, m) + (" **unstable**" if m == table.compare_metric
+            cells = [rec["label"], *(cell_text(rec, m) + (" **unstable**" if m == table.compare_metric
                                                             and rec.get(UNSTABLE) else "") for m in table.columns)]
             if show_tuned:
                 noise = " (within noise)" if rec.get("tuned_within_noise") in (True, "True") else ""
@@ -295,7 +295,7 @@ def render_markdown(table: TableConfig, records: list[dict[str, Any]], tuned: Op
             if per_row:
                 cells.append(rec["baseline"] or "-")
             if diff_col:
-                cells.append(_fmt_diff(rec))
+                cells.append(diff_text(rec))
             if has_base:
                 cells += [_fmt(rec[f"{m}_vs_base"], "ratio") + "x" if rec[f"{m}_vs_base"] else "-"
                           for m in table.ratios]

@@ -44,6 +44,7 @@ from tables.compare import n_examples
 from tables.config import (RowConfig, SplitSeeds, TableConfig, TableLauncher, headline, load_table, row_args,
                            row_dir, row_grid)
 from tables.plots import draw_table_plots
+from tables.frontier_files import with_frontier
 from tables.projected_files import with_projected
 from tables.papers_time import run_papers_time
 from tables.jobs import JOBS_FILE, JobRecord, production_lines, read_jobs
@@ -394,6 +395,7 @@ def write_table(table: TableConfig, out: Path, status: dict[tuple[str, int], str
                                + machine_lines(gathered.runs, mixed) + production_lines(out / JOBS_FILE, finished),
                                n_test, partial, against, unit_name(gathered.runs), preface)
     markdown = with_projected(markdown, table, out, runs_at, cluster)  # (no cluster named: unchanged)
+    markdown = with_frontier(markdown, table, out, gathered.records, gathered.runs)  # (no `frontier` plot: unchanged)
     (out / "table.md").write_text(markdown)
     write_csv(out / "table.csv", gathered.records)
     write_runs_csv(out / "runs.csv", table, gathered.runs)
