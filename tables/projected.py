@@ -90,6 +90,13 @@ class Cell:
     def band(self) -> Optional[tuple[float, float]]:
         return (min(s.low for s in self.reached), max(s.high for s in self.reached)) if self.reached else None
 
+    @property
+    def ranked(self) -> Optional[float]:
+        """The time to rank the row by (headlines, the bandwidth sweep): its `seconds` where at least
+        half the seeds that ran reached the target, else None. `seconds` is the mean of the seeds that
+        reached, so a row with one lucky seed of ten would be ranked on that run alone."""
+        return self.seconds if self.reached and 2 * len(self.reached) >= self.seeds_run else None
+
 
 @dataclass
 class RowRuns:
@@ -236,7 +243,7 @@ def sweep(projected: Projected, table: TableConfig, projector: Projector) -> Non
             at = projected.sweep.setdefault(which, {}).setdefault(gbit, {})
             for label, found in chosen.items():
                 pair = projected.targets[label]
-                at[label] = cell(found, pair[which] if pair else None, projector, cluster).seconds
+                at[label] = cell(found, pair[which] if pair else None, projector, cluster).ranked
 
 
 def crossings(gbits: list[float], mine: list[Optional[float]], base: list[Optional[float]]) -> Optional[str]:
