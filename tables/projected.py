@@ -248,21 +248,25 @@ def sweep(projected: Projected, table: TableConfig, projector: Projector) -> Non
 
 def crossings(gbits: list[float], mine: list[Optional[float]], base: list[Optional[float]]) -> Optional[str]:
     """Where a row's time crosses its baseline's across the sweep, in words (None: not comparable):
-    the bandwidth of each change of sign of log(mine / base), interpolated on log-log axes."""
+    the bandwidth of each change of sign of log(mine / base), interpolated on log-log axes, and the
+    range of mine / base over the sweep, so that "faster" by a fraction of a percent (where compute
+    is all there is) reads differently from "faster" by a factor."""
     pairs = [(g, m, b) for g, m, b in zip(gbits, mine, base) if m is not None and b is not None]
     if len(pairs) < 2:
         return None
     sides = [math.log(m / b) for _, m, b in pairs]
+    ratios = [m / b for _, m, b in pairs]
+    span = f"{min(ratios):.3f}-{max(ratios):.3f} x the baseline's time"
     if all(s < 0 for s in sides):
-        return f"faster at every swept bandwidth ({pairs[0][0]:g}-{pairs[-1][0]:g} Gbit/s)"
+        return f"faster at every swept bandwidth ({pairs[0][0]:g}-{pairs[-1][0]:g} Gbit/s; {span})"
     if all(s >= 0 for s in sides):
-        return f"slower or equal at every swept bandwidth ({pairs[0][0]:g}-{pairs[-1][0]:g} Gbit/s)"
+        return f"slower or equal at every swept bandwidth ({pairs[0][0]:g}-{pairs[-1][0]:g} Gbit/s; {span})"
     words = []
     for (g0, _, _), (g1, _, _), s0, s1 in zip(pairs, pairs[1:], sides, sides[1:]):
         if (s0 < 0) != (s1 < 0):
             at = math.exp(math.log(g0) + (math.log(g1) - math.log(g0)) * s0 / (s0 - s1))
             words.append(f"faster {'above' if s1 < 0 else 'below'} {at:.3g} Gbit/s")
-    return "; ".join(words)
+    return "; ".join(words) + f" ({span})"
 
 
 def variant_rows(projected: Projected) -> dict[str, list[str]]:

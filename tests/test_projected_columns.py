@@ -320,3 +320,16 @@ def test_the_headline_ranks_only_rows_that_reached_on_at_least_half_their_seeds(
     # the bandwidth sweep compares rows by the same rule (tables/projected.py `sweep`)
     assert cells["lucky@iid"].ranked is None and cells["lucky@iid"].seconds == 1.0
     assert cells["half@iid"].ranked == 3.0
+
+
+def test_a_crossing_is_found_between_swept_points_on_log_log_axes_and_says_by_how_much() -> None:
+    """A row half the baseline's time at 0.1 Gbit/s and twice it at 10 crosses at 1 Gbit/s (the
+    geometric midpoint); a row 0.1% faster everywhere says so in its ratio, not only "faster"."""
+    from tables.projected import crossings
+
+    gbits = [0.1, 10.0]
+    assert crossings(gbits, [1.0, 4.0], [2.0, 2.0]) == "faster below 1 Gbit/s (0.500-2.000 x the baseline's time)"
+    assert crossings(gbits, [4.0, 1.0], [2.0, 2.0]) == "faster above 1 Gbit/s (0.500-2.000 x the baseline's time)"
+    assert crossings(gbits, [0.999, 0.999], [1.0, 1.0]) == \
+        "faster at every swept bandwidth (0.1-10 Gbit/s; 0.999-0.999 x the baseline's time)"
+    assert crossings(gbits, [2.0, None], [1.0, 1.0]) is None  # one comparable point: no crossing to say
