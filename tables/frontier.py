@@ -22,6 +22,7 @@ table), not estimated again.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -108,7 +109,9 @@ def best_settings(table: TableConfig, found: list[Point], runs: dict[str, dict[i
     best = []
     for variant, methods in curves(found).items():
         for method, pts in methods.items():
-            scored = [p for p in pts if p.selected and len(p.selected) == len(table.seeds)]
+            # (a seed whose validation value is NaN diverged: its setting is not a candidate, as in tuning)
+            scored = [p for p in pts if p.selected and len(p.selected) == len(table.seeds)
+                      and all(math.isfinite(v) for v in p.selected.values())]
             if not scored:
                 continue
             pick = (max if better == Better.higher else min)(scored, key=lambda p: statistics.fmean(p.selected.values()))

@@ -29,7 +29,8 @@ def test_labels_name_their_method_and_setting() -> None:
 def test_each_method_s_best_setting_is_chosen_on_validation_and_its_points_are_per_worker(tmp_path: Path) -> None:
     """local SGD's H = 8 is best on validation by a wide margin, H = 32 best on test: H = 8 is chosen
     (a choice on test would pick 32); H = 2 sits within the validation set's noise of H = 8 and is
-    named beside it, H = 32 is not. Bytes per worker are the run's (all ranks') bytes over its 8
+    named beside it, H = 32 is not; H = 64, best on its two finite seeds, diverged on the third and
+    is no candidate. Bytes per worker are the run's (all ranks') bytes over its 8
     training ranks. The section, frontier.csv and frontier.png are written for a table plotting
     `frontier`, and nothing of it for one that does not."""
     from tables.runner import run_table
@@ -38,8 +39,10 @@ def test_each_method_s_best_setting_is_chosen_on_validation_and_its_points_are_p
     _rows(tmp_path, "local_sgd.h2", [0.90, 0.905, 0.91], [0.9515, 0.9505, 0.9495], 4e8)
     _rows(tmp_path, "local_sgd.h8", [0.90, 0.905, 0.91], [0.952, 0.951, 0.950], 1e8)
     _rows(tmp_path, "local_sgd.h32", [0.97, 0.975, 0.98], [0.80, 0.81, 0.82], 2.5e7)
+    _rows(tmp_path, "local_sgd.h64", [0.5, 0.5, 0.5], [0.99, 0.99, float("nan")], 1e7)  # a diverged seed
     _rows(tmp_path, "dgs.d0.01", [0.85, 0.86, 0.87], [0.85, 0.86, 0.87], 3.2e7, ranks=4)
-    rows = [{"label": label} for label in ("base", "local_sgd.h2", "local_sgd.h8", "local_sgd.h32", "dgs.d0.01")]
+    rows = [{"label": label} for label in ("base", "local_sgd.h2", "local_sgd.h8", "local_sgd.h32", "local_sgd.h64",
+                                           "dgs.d0.01")]
     assert run_table(table_node(rows, plots=["frontier"], columns=["test_acc", "val_acc", "comm_bytes"]), tmp_path) == 0
     points = {r["label"]: r for r in read_csv(tmp_path / "frontier.csv")}
     assert float(points["local_sgd.h8"]["bytes_per_worker"]) == pytest.approx(1e8 / 8)
@@ -47,11 +50,11 @@ def test_each_method_s_best_setting_is_chosen_on_validation_and_its_points_are_p
     best = {label for label, p in points.items() if p["best_on_validation"] == "True"}
     assert best == {"base", "local_sgd.h8", "dgs.d0.01"}
     order = [r["setting"] for r in read_csv(tmp_path / "frontier.csv") if r["method"] == "local_sgd"]
-    assert order == ["h32", "h8", "h2"]  # a curve by increasing bytes per worker
+    assert order == ["h64", "h32", "h8", "h2"]  # a curve by increasing bytes per worker
     markdown = (tmp_path / "table.md").read_text()
     line = next(line for line in markdown.splitlines() if line.startswith("| local_sgd |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[2:4] == ["3", "h8"] and cells[-1] == "h2" and cells[-2] == "12.50"
+    assert cells[2:4] == ["4", "h8"] and cells[-1] == "h2" and cells[-2] == "12.50"
     assert (tmp_path / "frontier.png").stat().st_size > 0
 
     plain = tmp_path / "plain"
