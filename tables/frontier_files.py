@@ -41,7 +41,7 @@ def frontier_lines(table: TableConfig, records: list[dict[str, Any]], bests: lis
              "|---|---|---|---|---|---|---|---|---|"]
     for b in bests:
         rec = by_label[b.point.label]
-        lines.append(f"| {b.method} | {b.variant or '-'} | {b.settings} | {b.point.setting or b.point.label} | "
+        lines.append(f"| {b.method} | {b.variant or '-'} | {b.settings} | {b.point.setting or '(no knob)'} | "
                      f"{statistics.fmean(b.point.selected.values()):.4f} | {cell_text(rec, metric)} | "
                      f"{diff_text(rec)} | {_mb(b.point.bytes_per_worker)} | {', '.join(b.alike) or 'none'} |")
     if not bests:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from tables.config import TableConfig
-from tables.frontier import Best, Point, curves
+from tables.frontier import Best, Point, curves, method_and_setting
 from tables.plot_style import bounds, clipped_error, metric_label, suptitle
 
 
@@ -18,9 +18,12 @@ def frontier_figure(plt: Any, table: TableConfig, found: list[Point], bests: lis
     setting on validation a star, every point labelled with its setting."""
     by_variant = curves(found) or {"": {}}
     methods = list(dict.fromkeys(m for ms in by_variant.values() for m in ms))
-    others = [m for m in methods if m != table.baseline]  # tab10's 10 distinct hues (tab20 pairs light and dark
+    # the baseline's method: the table's, or, once variants made it per row, its rows' (`allreduce@iid`)
+    named = table.baseline or next((r.baseline for r in table.rows if r.baseline), None) or ""
+    baseline = method_and_setting(named)[0]
+    others = [m for m in methods if m != baseline]  # tab10's 10 distinct hues (tab20 pairs light and dark
     colours = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(others)}  # of one hue); the baseline black
-    colours[table.baseline] = "black"
+    colours[baseline] = "black"
     lines = {m: "o-" if i < 10 else "s--" for i, m in enumerate(others)}
     chosen = {b.point.label for b in bests}
     low_bound, high_bound = bounds(table.compare_metric)
@@ -35,7 +38,7 @@ def frontier_figure(plt: Any, table: TableConfig, found: list[Point], bests: lis
             colour = colours[method]
             xs, ys = [p.bytes_per_worker / 1e6 for p in shown], [p.value for p in shown]
             errors = [clipped_error(p.value, _half(p), low_bound, high_bound) for p in shown]
-            if len(shown) == 1 and method == table.baseline:  # the baseline: a band across the panel
+            if len(shown) == 1 and method == baseline:  # the baseline: a band across the panel
                 p = shown[0]
                 ax.axhspan(p.low if p.low is not None else p.value, p.high if p.high is not None else p.value,
                            color=colour, alpha=0.18, zorder=1)

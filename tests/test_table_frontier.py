@@ -62,3 +62,29 @@ def test_each_method_s_best_setting_is_chosen_on_validation_and_its_points_are_p
         _rows(plain, label, [0.9, 0.91, 0.92], [0.9, 0.91, 0.92], 1e8)
     assert run_table(table_node([{"label": "base"}, {"label": "local_sgd.h8"}]), plain) == 0
     assert not (plain / "frontier.csv").exists() and "## Each method's knob" not in (plain / "table.md").read_text()
+
+
+def test_the_baseline_is_drawn_as_a_band_once_variants_have_made_it_per_row() -> None:
+    """With variants the table's baseline moves onto its rows (`allreduce@iid`); the figure still
+    finds it and draws its interval as a band and its mean as a dashed black line (it drew it as
+    one more coloured method)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tables.config import RowConfig, TableConfig
+    from tables.frontier import Point
+    from tables.plot_frontier import frontier_figure
+
+    table = TableConfig(name="t", seeds=[1, 2, 3], baseline=None,
+                        rows=[RowConfig(label="allreduce@iid", baseline="allreduce@iid"),
+                              RowConfig(label="local_sgd.h5@iid", baseline="allreduce@iid")])
+    base = Point("allreduce@iid", "allreduce", "", "iid", 5e8, 0.6, 0.55, 0.65, {1: 0.6}, False)
+    local = Point("local_sgd.h5@iid", "local_sgd", "h5", "iid", 1e8, 0.7, 0.65, 0.75, {1: 0.7}, False)
+    fig = frontier_figure(plt, table, [base, local], [])
+    ax = fig.axes[0]
+    dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert [matplotlib.colors.to_hex(line.get_color()) for line in dashed] == ["#000000"]
+    assert dashed[0].get_ydata()[0] == 0.6 and len(ax.patches) == 1  # the band: one span
+    plt.close(fig)
