@@ -33,6 +33,7 @@ from tables.render import set_size_of
 from tables.runs import Summary, variant_of
 from tables.tuning import within_noise
 
+
 @dataclass(frozen=True)
 class Point:
     """One setting of one method on one partition: where its curve passes."""
@@ -46,6 +47,12 @@ class Point:
     high: Optional[float]
     selected: dict[int, float]  # the validation metric by seed
     unstable: bool
+    baseline: bool = False  # the row is its own baseline (its record says so), drawn as a band
+
+    @property
+    def selected_mean(self) -> Optional[float]:
+        """The validation metric's mean over seeds (None: no seed recorded it)."""
+        return statistics.fmean(self.selected.values()) if self.selected else None
 
 
 @dataclass(frozen=True)
@@ -87,7 +94,7 @@ def points(table: TableConfig, records: list[dict[str, Any]], runs: dict[str, di
             value=value if isinstance(value, float) else None,
             low=rec.get(f"{metric}_low"), high=rec.get(f"{metric}_high"),
             selected={s: float(v) for s, run in by_seed.items() if isinstance(v := run.get(select), (int, float))},
-            unstable=bool(rec.get("unstable"))))
+            unstable=bool(rec.get("unstable")), baseline=rec.get("baseline") == rec["label"]))
     return found
 
 
@@ -114,7 +121,7 @@ def best_settings(table: TableConfig, found: list[Point], runs: dict[str, dict[i
                       and all(math.isfinite(v) for v in p.selected.values())]
             if not scored:
                 continue
-            pick = (max if better == Better.higher else min)(scored, key=lambda p: statistics.fmean(p.selected.values()))
+            pick = (max if better == Better.higher else min)(scored, key=lambda p: p.selected_mean)
             n_val = set_size_of(table, list(runs.get(pick.label, {}).values()), table.select_metric)
             alike = [p.setting or p.label for p in scored if p is not pick
                      and within_noise(p.selected, pick.selected, n_val, resolution=table.tune_resolution)]

@@ -4,7 +4,6 @@ table whose `plots` name `frontier`, like the projected files beside them."""
 from __future__ import annotations
 
 import csv
-import statistics
 from pathlib import Path
 from typing import Any, Optional
 
@@ -42,7 +41,7 @@ def frontier_lines(table: TableConfig, records: list[dict[str, Any]], bests: lis
     for b in bests:
         rec = by_label[b.point.label]
         lines.append(f"| {b.method} | {b.variant or '-'} | {b.settings} | {b.point.setting or '(no knob)'} | "
-                     f"{statistics.fmean(b.point.selected.values()):.4f} | {cell_text(rec, metric)} | "
+                     f"{b.point.selected_mean:.4f} | {cell_text(rec, metric)} | "
                      f"{diff_text(rec)} | {_mb(b.point.bytes_per_worker)} | {', '.join(b.alike) or 'none'} |")
     if not bests:
         lines.append("| (no row has every seed yet) | | | | | | | | |")
@@ -60,7 +59,7 @@ def write_frontier_csv(path: Path, found: list[Point], bests: list[Best]) -> Non
             for method, pts in methods.items():
                 for p in pts:
                     w.writerow([method, p.setting, variant, p.label, p.bytes_per_worker, p.value, p.low, p.high,
-                                statistics.fmean(p.selected.values()) if p.selected else None,
+                                p.selected_mean,
                                 p.label in chosen, p.unstable])
 
 

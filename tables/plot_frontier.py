@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from tables.config import TableConfig
-from tables.frontier import Best, Point, curves, method_and_setting
-from tables.plot_style import bounds, clipped_error, metric_label, suptitle
+from tables.frontier import Best, Point, curves
+from tables.plot_style import metric_label, suptitle
 
 
 def frontier_figure(plt: Any, table: TableConfig, found: list[Point], bests: list[Best]) -> Any:
@@ -18,15 +18,13 @@ def frontier_figure(plt: Any, table: TableConfig, found: list[Point], bests: lis
     setting on validation a star, every point labelled with its setting."""
     by_variant = curves(found) or {"": {}}
     methods = list(dict.fromkeys(m for ms in by_variant.values() for m in ms))
-    # the baseline's method: the table's, or, once variants made it per row, its rows' (`allreduce@iid`)
-    named = table.baseline or next((r.baseline for r in table.rows if r.baseline), None) or ""
-    baseline = method_and_setting(named)[0]
+    # the baseline's method, from the points its records mark (variants make it per row: `allreduce@iid`)
+    baseline = next((p.method for p in found if p.baseline), "")
     others = [m for m in methods if m != baseline]  # tab10's 10 distinct hues (tab20 pairs light and dark
     colours = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(others)}  # of one hue); the baseline black
     colours[baseline] = "black"
     lines = {m: "o-" if i < 10 else "s--" for i, m in enumerate(others)}
     chosen = {b.point.label for b in bests}
-    low_bound, high_bound = bounds(table.compare_metric)
     fig, axes = plt.subplots(1, len(by_variant), figsize=(6.5 * len(by_variant) + 2.5, 5.5), squeeze=False)
     for ax, (variant, per_method) in zip(axes[0], by_variant.items()):
         zero = False
@@ -37,7 +35,7 @@ def frontier_figure(plt: Any, table: TableConfig, found: list[Point], bests: lis
             zero = zero or any(p.bytes_per_worker == 0 for p in shown)
             colour = colours[method]
             xs, ys = [p.bytes_per_worker / 1e6 for p in shown], [p.value for p in shown]
-            errors = [clipped_error(p.value, _half(p), low_bound, high_bound) for p in shown]
+            errors = [_error(p) for p in shown]
             if len(shown) == 1 and method == baseline:  # the baseline: a band across the panel
                 p = shown[0]
                 ax.axhspan(p.low if p.low is not None else p.value, p.high if p.high is not None else p.value,
@@ -65,8 +63,9 @@ def frontier_figure(plt: Any, table: TableConfig, found: list[Point], bests: lis
     return fig
 
 
-def _half(p: Point) -> float:
-    """The larger side of a point's (possibly cut) interval, for `clipped_error` to cut again."""
+def _error(p: Point) -> tuple[float, float]:
+    """(below, above) error-bar lengths: to the ends of the point's interval, already cut at the
+    metric's range (tables/render.py); none without one."""
     if p.value is None or p.low is None or p.high is None:
-        return 0.0
-    return max(p.value - p.low, p.high - p.value)
+        return 0.0, 0.0
+    return p.value - p.low, p.high - p.value

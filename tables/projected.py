@@ -254,8 +254,8 @@ def crossings(gbits: list[float], mine: list[Optional[float]], base: list[Option
     pairs = [(g, m, b) for g, m, b in zip(gbits, mine, base) if m is not None and b is not None]
     if len(pairs) < 2:
         return None
-    sides = [math.log(m / b) for _, m, b in pairs]
     ratios = [m / b for _, m, b in pairs]
+    sides = [math.log(r) for r in ratios]
     span = f"{min(ratios):.3f}-{max(ratios):.3f} x the baseline's time"
     if all(s < 0 for s in sides):
         return f"faster at every swept bandwidth ({pairs[0][0]:g}-{pairs[-1][0]:g} Gbit/s; {span})"

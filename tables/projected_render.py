@@ -35,8 +35,13 @@ def cell_text(c: Cell, seeds: int) -> str:
         return c.state
     low, high = c.band or (0.0, 0.0)
     band = "" if math.isclose(low, high, rel_tol=1e-9) else f" [{seconds(low)}-{seconds(high)}]"
-    some = "" if len(c.reached) == c.seeds_run == seeds else f" ({len(c.reached)} of {c.seeds_run} seeds)"
-    return f"{seconds(c.seconds or 0.0)}{band}{some}"
+    return f"{seconds(c.seconds or 0.0)}{band}{seeds_note(c, seeds)}"
+
+
+def seeds_note(c: Cell, seeds: Optional[int] = None) -> str:
+    """" (k of n seeds)" where not every seed that ran (or not the table's `seeds` of them) reached."""
+    full = len(c.reached) == c.seeds_run and (seeds is None or c.seeds_run == seeds)
+    return "" if full else f" ({len(c.reached)} of {c.seeds_run} seeds)"
 
 
 def series_of(projected: Projected, label: str) -> str:
@@ -101,11 +106,8 @@ def first_to(projected: Projected, table: TableConfig, which: int, variant: str)
     order = sorted(chosen, key=lambda label: projected.cells[label][which].ranked or 0.0)
     if not order:
         return None
-
-    def some(c: Cell) -> str:
-        return "" if len(c.reached) == c.seeds_run else f" ({len(c.reached)} of {c.seeds_run} seeds)"
-    text = ", ".join(f"{series_of(projected, label)} {seconds(projected.cells[label][which].seconds or 0.0)} s"
-                     f"{some(projected.cells[label][which])}" for label in order[:5])
+    text = ", ".join(f"{series_of(projected, label)} {seconds(projected.cells[label][which].ranked or 0.0)} s"
+                     f"{seeds_note(projected.cells[label][which])}" for label in order[:5])
     return (f"First to target ({'ab'[which]}) at {projected.sweep_workers} workers on {projected.cluster.name}, "
             f"among rows that reached it on at least half their seeds: {text}.")
 

@@ -80,7 +80,8 @@ def test_the_baseline_is_drawn_as_a_band_once_variants_have_made_it_per_row() ->
     table = TableConfig(name="t", seeds=[1, 2, 3], baseline=None,
                         rows=[RowConfig(label="allreduce@iid", baseline="allreduce@iid"),
                               RowConfig(label="local_sgd.h5@iid", baseline="allreduce@iid")])
-    base = Point("allreduce@iid", "allreduce", "", "iid", 5e8, 0.6, 0.55, 0.65, {1: 0.6}, False)
+    base = Point("allreduce@iid", "allreduce", "", "iid", 5e8, 0.6, 0.55, 0.65, {1: 0.6}, False,
+                 baseline=True)  # (as `points` marks it from its record: label == its baseline)
     local = Point("local_sgd.h5@iid", "local_sgd", "h5", "iid", 1e8, 0.7, 0.65, 0.75, {1: 0.7}, False)
     fig = frontier_figure(plt, table, [base, local], [])
     ax = fig.axes[0]
