@@ -246,27 +246,52 @@ def sweep(projected: Projected, table: TableConfig, projector: Projector) -> Non
                 at[label] = cell(found, pair[which] if pair else None, projector, cluster).ranked
 
 
+#: the projection's median error on a speedup over allreduce: |predicted / measured - 1| over the 21
+#: speedups of docs/projection.md's blind proof (tests/test_projected_columns.py recomputes it from
+#: that table). A row "faster" by less than this is faster by less than the projection can tell.
+SPEEDUP_ERROR = 0.113
+
+
+def sign_changes(gbits: list[float], sides: list[float]) -> list[tuple[float, bool]]:
+    """Each bandwidth at which `sides` changes sign, interpolated on log-log axes, with whether it is
+    negative above it."""
+    found = []
+    for g0, g1, s0, s1 in zip(gbits, gbits[1:], sides, sides[1:]):
+        if (s0 < 0) != (s1 < 0):
+            found.append((math.exp(math.log(g0) + (math.log(g1) - math.log(g0)) * s0 / (s0 - s1)), s1 < 0))
+    return found
+
+
 def crossings(gbits: list[float], mine: list[Optional[float]], base: list[Optional[float]]) -> Optional[str]:
     """Where a row's time crosses its baseline's across the sweep, in words (None: not comparable):
-    the bandwidth of each change of sign of log(mine / base), interpolated on log-log axes, and the
-    range of mine / base over the sweep, so that "faster" by a fraction of a percent (where compute
-    is all there is) reads differently from "faster" by a factor."""
+    the bandwidth of each change of sign of log(mine / base), interpolated on log-log axes; where the
+    row is faster, where it is faster by more than the projection's own speedup error
+    (SPEEDUP_ERROR), since a crossing inside that band is one the model cannot place; and the range
+    of mine / base over the sweep, so that "faster" by a fraction of a percent (where compute is all
+    there is) reads differently from "faster" by a factor."""
     pairs = [(g, m, b) for g, m, b in zip(gbits, mine, base) if m is not None and b is not None]
     if len(pairs) < 2:
         return None
+    swept = [g for g, _, _ in pairs]
     ratios = [m / b for _, m, b in pairs]
     sides = [math.log(r) for r in ratios]
     span = f"{min(ratios):.3f}-{max(ratios):.3f} x the baseline's time"
-    if all(s < 0 for s in sides):
-        return f"faster at every swept bandwidth ({pairs[0][0]:g}-{pairs[-1][0]:g} Gbit/s; {span})"
+    every = f"every swept bandwidth ({swept[0]:g}-{swept[-1]:g} Gbit/s; {span})"
     if all(s >= 0 for s in sides):
-        return f"slower or equal at every swept bandwidth ({pairs[0][0]:g}-{pairs[-1][0]:g} Gbit/s; {span})"
-    words = []
-    for (g0, _, _), (g1, _, _), s0, s1 in zip(pairs, pairs[1:], sides, sides[1:]):
-        if (s0 < 0) != (s1 < 0):
-            at = math.exp(math.log(g0) + (math.log(g1) - math.log(g0)) * s0 / (s0 - s1))
-            words.append(f"faster {'above' if s1 < 0 else 'below'} {at:.3g} Gbit/s")
-    return "; ".join(words) + f" ({span})"
+        return f"slower or equal at {every}"
+    if all(s < 0 for s in sides):
+        words = f"faster at {every}"
+    else:
+        words = "; ".join(f"faster {'above' if above else 'below'} {at:.3g} Gbit/s"
+                          for at, above in sign_changes(swept, sides)) + f" ({span})"
+    clear = [s + math.log1p(SPEEDUP_ERROR) for s in sides]  # < 0: faster by more than the error
+    error = f"the projection's speedup error ({SPEEDUP_ERROR:.0%})"
+    if all(c >= 0 for c in clear):
+        return f"{words}; nowhere by more than {error}"
+    if all(c < 0 for c in clear):
+        return f"{words}; by more than {error} throughout"
+    return f"{words}; by more than {error} " + ", ".join(
+        f"{'above' if above else 'below'} {at:.3g} Gbit/s" for at, above in sign_changes(swept, clear))
 
 
 def variant_rows(projected: Projected) -> dict[str, list[str]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 from typing import Any, Optional
 
@@ -324,12 +325,36 @@ def test_the_headline_ranks_only_rows_that_reached_on_at_least_half_their_seeds(
 
 def test_a_crossing_is_found_between_swept_points_on_log_log_axes_and_says_by_how_much() -> None:
     """A row half the baseline's time at 0.1 Gbit/s and twice it at 10 crosses at 1 Gbit/s (the
-    geometric midpoint); a row 0.1% faster everywhere says so in its ratio, not only "faster"."""
+    geometric midpoint); a row 0.1% faster everywhere says so in its ratio, and that it is faster by
+    less than the projection can tell; a row clearly faster at one end says where it stops being so."""
     from tables.projected import crossings
 
     gbits = [0.1, 10.0]
-    assert crossings(gbits, [1.0, 4.0], [2.0, 2.0]) == "faster below 1 Gbit/s (0.500-2.000 x the baseline's time)"
-    assert crossings(gbits, [4.0, 1.0], [2.0, 2.0]) == "faster above 1 Gbit/s (0.500-2.000 x the baseline's time)"
-    assert crossings(gbits, [0.999, 0.999], [1.0, 1.0]) == \
-        "faster at every swept bandwidth (0.1-10 Gbit/s; 0.999-0.999 x the baseline's time)"
+    e = math.log(1.113) / math.log(4)  # where log(ratio) = -log(1 + SPEEDUP_ERROR), on the way from 0.5 to 2
+    assert crossings(gbits, [1.0, 4.0], [2.0, 2.0]) == (
+        "faster below 1 Gbit/s (0.500-2.000 x the baseline's time); by more than the projection's speedup error "
+        f"(11%) below {10 ** (-1 + 2 * (0.5 - e)):.3g} Gbit/s")
+    assert crossings(gbits, [4.0, 1.0], [2.0, 2.0]).startswith("faster above 1 Gbit/s (0.500-2.000 x the baseline's time); "
+                                                               "by more than the projection's speedup error (11%) above ")
+    assert crossings(gbits, [0.999, 0.999], [1.0, 1.0]) == (
+        "faster at every swept bandwidth (0.1-10 Gbit/s; 0.999-0.999 x the baseline's time); nowhere by more than "
+        "the projection's speedup error (11%)")
+    assert crossings(gbits, [0.5, 0.8], [1.0, 1.0]).endswith("; by more than the projection's speedup error (11%) "
+                                                             "throughout")
+    assert crossings(gbits, [1.5, 1.0], [1.0, 1.0]).startswith("slower or equal at every swept bandwidth")
     assert crossings(gbits, [2.0, None], [1.0, 1.0]) is None  # one comparable point: no crossing to say
+
+
+def test_the_speedup_error_is_the_blind_proofs() -> None:
+    """SPEEDUP_ERROR is the median |predicted / measured - 1| of the speedups docs/projection.md
+    publishes; a new proof of record that moves it moves the crossings' band with it."""
+    import re
+    import statistics
+
+    from tables.projected import SPEEDUP_ERROR
+
+    text = (REPO / "docs" / "projection.md").read_text()
+    table = text[text.index("Speedup over allreduce at the same rate"):text.index("Against the targets, over the")]
+    errors = [abs(float(p) / float(m) - 1) for m, p in re.findall(r"([\d.]+)x, ([\d.]+)x", table)]
+    assert len(errors) == 21
+    assert statistics.median(errors) == pytest.approx(SPEEDUP_ERROR, abs=5e-4)
