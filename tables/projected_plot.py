@@ -2,9 +2,10 @@
 
 One column of panels per variant, target (a) above and (b) below; x the cluster's NIC bandwidth
 (log, Gbit/s), y the projected time to the target (log, seconds), one line per row that reached it
-at the sweep's worker count, the baseline row black and thick, the preset's own bandwidth a dotted
-vertical line. Where a row's line falls below the baseline's, it reaches the baseline's quality
-sooner end to end. The styles are tables/plot_style.py's (one colour and line per row, palette PNGs).
+at the sweep's worker count, the baseline row black and thick inside a grey band of the projection's
+speedup error (tables/projected.py SPEEDUP_ERROR), the preset's own bandwidth a dotted vertical line.
+Where a row's line falls below the baseline's, it reaches the baseline's quality sooner end to end;
+only below the band is it sooner by more than the projection can tell. The styles are tables/plot_style.py's (one colour and line per row, palette PNGs).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 from projection.cluster import GBIT
 from tables.config import TableConfig
 from tables.plot_style import row_styles, save_png, suptitle
-from tables.projected import Projected, variant_rows
+from tables.projected import SPEEDUP_ERROR, Projected, variant_rows
 from tables.projected_render import series_of, target_words
 
 
@@ -46,8 +47,16 @@ def draw_bandwidth(projected: Projected, table: TableConfig, path: Path) -> bool
                 fmt = style.pop("fmt")
                 if label == base:
                     style.update(color="black", lw=2.5, zorder=3)
+                    band = ax.fill_between([p[0] for p in points], [p[1] / (1 + SPEEDUP_ERROR) for p in points],
+                                           [p[1] * (1 + SPEEDUP_ERROR) for p in points], color="0.85", lw=0,
+                                           zorder=1)
+                    handles.setdefault(f"{name} +/- the projection's speedup error ({SPEEDUP_ERROR:.0%})", band)
                 line, = ax.plot([p[0] for p in points], [p[1] for p in points], fmt, ms=3, label=name, **style)
                 handles.setdefault(name, line)
+            if not ax.lines:  # an empty panel says why, rather than showing bare axes
+                ax.text(0.5, 0.5, "no row reached this target\non at least half its seeds", ha="center",
+                        va="center", transform=ax.transAxes, color="0.4")
+                ax.set_xlim(gbits[0], gbits[-1])
             ax.axvline(projected.cluster.nic.bandwidth_Bps / GBIT, color="grey", ls=":", lw=1)
             ax.set(xscale="log", yscale="log", xlabel=f"NIC bandwidth (Gbit/s; dotted: {projected.cluster.name}'s)",
                    ylabel=f"projected s to target ({'ab'[which]})")
