@@ -18,7 +18,7 @@ cannot pass one by.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, Optional
 
 from core.errors import UserError
 from tables.runs import UNKNOWN_MACHINE, Summary, machine_type
@@ -63,19 +63,23 @@ def describe(record: Any) -> str:
     return f"{record.get('cpu')} ({vector}), {record.get('cores')} cores{gpu}, torch {record.get('torch')}"
 
 
-def machine_lines(runs: dict[str, dict[int, Summary]], mixed: list[str]) -> list[str]:
+def machine_lines(runs: dict[str, dict[int, Summary]], mixed: list[str],
+                  tuning: Optional[dict[str, dict[int, Summary]]] = None) -> list[str]:
     """table.md's "Machines": each machine type with its runs and what it is, the runs without a
-    record, and the paired comparisons flagged across types."""
+    record, the paired comparisons flagged across types, and where the tuning runs ran."""
     counts: Counter[str] = Counter()
     described: dict[str, str] = {}
+    for found in (runs, tuning or {}):
+        for by_seed in found.values():
+            for summary in by_seed.values():
+                kind = machine_type(summary)
+                if kind != UNKNOWN_MACHINE:
+                    described.setdefault(kind, describe(summary.get("machine")))
     for by_seed in runs.values():
-        for summary in by_seed.values():
-            kind = machine_type(summary)
-            counts[kind] += 1
-            if kind != UNKNOWN_MACHINE:
-                described.setdefault(kind, describe(summary.get("machine")))
+        counts.update(machine_type(summary) for summary in by_seed.values())
+    tuned = tuning_lines(tuning or {}, described)
     if not counts:
-        return []
+        return ["## Machines", "", *tuned, ""] if tuned else []
     lines = ["## Machines", "",
              "The machine type each reported run ran on (core/machine.py: CPU model and kernel flags, GPU, torch; "
              "runs are bit-reproducible per type), runs.csv's `machine`:", ""]
@@ -90,4 +94,22 @@ def machine_lines(runs: dict[str, dict[int, Summary]], mixed: list[str]) -> list
     if counts.get(UNKNOWN_MACHINE):
         lines += ["", f"{counts[UNKNOWN_MACHINE]} run{'s' * (counts[UNKNOWN_MACHINE] != 1)} carry no machine record: "
                       f"a pair with one of them cannot be checked."]
-    return lines + [""]
+    return lines + ([""] + tuned if tuned else []) + [""]
+
+
+def tuning_lines(tuning: dict[str, dict[int, Summary]], described: dict[str, str]) -> list[str]:
+    """Where the tuning runs ran, when not all on one type: a long production may move machines
+    between sittings, and a row whose grid spans two types compared its settings on validation
+    across them (the float order differs as a seed's would; the choice still rests on validation)."""
+    counts = Counter(machine_type(s) for by_seed in tuning.values() for s in by_seed.values())
+    if len(counts) < 2:
+        return []
+    spans = [label for label, by_seed in tuning.items() if len({machine_type(s) for s in by_seed.values()}) > 1]
+    lines = ["The tuning runs ran on more than one machine type:", "",
+             *(f"- {kind}: {n} tuning run{'s' * (n != 1)}: {described.get(kind, 'not recorded')}"
+               for kind, n in counts.most_common())]
+    if spans:
+        shown = ", ".join(spans[:10]) + (f" and {len(spans) - 10} more" if len(spans) > 10 else "")
+        lines += ["", f"Rows whose tuning grid ran on more than one type ({len(spans)}; their settings were compared "
+                      f"on validation across types): {shown}."]
+    return lines

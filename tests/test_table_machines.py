@@ -76,3 +76,24 @@ def test_no_published_file_names_the_gathering_machines_folders(tmp_path: Path) 
     failed = next(r for r in gathered.records if r["label"] == "half")
     assert failed["log"] == "half/seed_2/run.log"
     assert "(log: half/seed_2/run.log)" in render_markdown(table, gathered.records, family=gathered.family)
+
+
+def test_tuning_runs_on_two_machine_types_are_listed_with_the_rows_whose_grid_spans_both() -> None:
+    """A production that moved machines between sittings: table.md says where the tuning runs ran
+    and which rows compared their settings across types; a table tuned on one type says nothing."""
+    from tables.machines import machine_lines
+
+    def on(machine: dict) -> dict:
+        return {"machine": machine}
+
+    tuning = {"a@iid": {0: on(AVX512), 1: on(AVX512)}, "b@iid": {0: on(AVX512), 1: on(AVX2), 2: on(AVX2)}}
+    lines = machine_lines({}, [], tuning)
+    assert lines[0] == "## Machines"
+    assert "- aaaaaaaaaaaa: 3 tuning runs: AMD EPYC 9R14 (AVX-512), 2 cores, torch 2.14.1" in lines
+    assert "- bbbbbbbbbbbb: 2 tuning runs: AMD EPYC 7R13 (AVX2), 2 cores, torch 2.14.1" in lines
+    assert any(line.startswith("Rows whose tuning grid ran on more than one type (1; ") and line.endswith(": b@iid.")
+               for line in lines)
+    assert machine_lines({}, [], {"a@iid": {0: on(AVX512), 1: on(AVX512)}}) == []
+    with_reported = machine_lines({"a@iid": {1: on(AVX2)}}, [], tuning)
+    assert "- bbbbbbbbbbbb: 1 run: AMD EPYC 7R13 (AVX2), 2 cores, torch 2.14.1" in with_reported
+    assert "The tuning runs ran on more than one machine type:" in with_reported
