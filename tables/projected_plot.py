@@ -5,7 +5,8 @@ One column of panels per variant, target (a) above and (b) below; x the cluster'
 at the sweep's worker count, the baseline row black and thick inside a grey band of the projection's
 speedup error (tables/projected.py SPEEDUP_ERROR), the preset's own bandwidth a dotted vertical line.
 Where a row's line falls below the baseline's, it reaches the baseline's quality sooner end to end;
-only below the band is it sooner by more than the projection can tell. The styles are tables/plot_style.py's (one colour and line per row, palette PNGs).
+only below the band is it sooner by more than the projection can tell. The styles are
+tables/plot_style.py's (one colour and line per row, palette PNGs).
 """
 from __future__ import annotations
 

@@ -137,10 +137,10 @@ def sweep_lines(projected: Projected, figure: str) -> list[str]:
              f"as the preset says), at {projected.sweep_workers} workers, one replicate (no band): the projected time "
              f"to each target, and where it crosses the baseline's (interpolated on log-log axes between the swept "
              f"points). A row is compared where at least half its seeds reached the target (as in the headlines), else "
-             f"\"not reached\". A method's best setting is, at each bandwidth, the fastest of its rows (its algorithm's). "
-             f"The projection's speedups over allreduce missed the measured ones by {SPEEDUP_ERROR:.0%} at the median in "
-             f"its blind proof (docs/projection.md), so each line also says where a row is faster by more than that: "
-             f"a crossing inside that band is one the model cannot place.",
+             f"\"not reached\". A method's best setting is, at each bandwidth, the fastest of its rows (its "
+             f"algorithm's). The projection's speedups over allreduce missed the measured ones by "
+             f"{SPEEDUP_ERROR:.0%} at the median in its blind proof (docs/projection.md), so each line also says "
+             f"where a row is faster by more than that: a crossing inside that band is one the model cannot place.",
              ""]
     if figure:
         lines += [f"![projected time to target against NIC bandwidth]({figure})", ""]

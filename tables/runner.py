@@ -392,7 +392,8 @@ def write_table(table: TableConfig, out: Path, status: dict[tuple[str, int], str
     mixed = [c.machines for c in gathered.family.comparisons if c.machines]
     markdown = render_markdown(table, gathered.records, tuned, failed_tuning, gathered.family,
                                provenance_lines(table, version, gathered.runs, tuning_runs)
-                               + machine_lines(gathered.runs, mixed, tuning_runs) + production_lines(out / JOBS_FILE, finished),
+                               + machine_lines(gathered.runs, mixed, tuning_runs)
+                               + production_lines(out / JOBS_FILE, finished),
                                n_test, partial, against, unit_name(gathered.runs), preface)
     markdown = with_projected(markdown, table, out, runs_at, cluster)  # (no cluster named: unchanged)
     markdown = with_frontier(markdown, table, out, gathered.records, gathered.runs)  # (no `frontier` plot: unchanged)

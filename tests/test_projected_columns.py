@@ -334,8 +334,9 @@ def test_a_crossing_is_found_between_swept_points_on_log_log_axes_and_says_by_ho
     assert crossings(gbits, [1.0, 4.0], [2.0, 2.0]) == (
         "faster below 1 Gbit/s (0.500-2.000 x the baseline's time); by more than the projection's speedup error "
         f"(11%) below {10 ** (-1 + 2 * (0.5 - e)):.3g} Gbit/s")
-    assert crossings(gbits, [4.0, 1.0], [2.0, 2.0]).startswith("faster above 1 Gbit/s (0.500-2.000 x the baseline's time); "
-                                                               "by more than the projection's speedup error (11%) above ")
+    assert crossings(gbits, [4.0, 1.0], [2.0, 2.0]).startswith(
+        "faster above 1 Gbit/s (0.500-2.000 x the baseline's time); by more than the projection's speedup error (11%) "
+        "above ")
     assert crossings(gbits, [0.999, 0.999], [1.0, 1.0]) == (
         "faster at every swept bandwidth (0.1-10 Gbit/s; 0.999-0.999 x the baseline's time); nowhere by more than "
         "the projection's speedup error (11%)")
