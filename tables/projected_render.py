@@ -109,7 +109,19 @@ def first_to(projected: Projected, table: TableConfig, which: int, variant: str)
     text = ", ".join(f"{series_of(projected, label)} {seconds(projected.cells[label][which].ranked or 0.0)} s"
                      f"{seeds_note(projected.cells[label][which])}" for label in order[:5])
     return (f"First to target ({'ab'[which]}) at {projected.sweep_workers} workers on {projected.cluster.name}, "
-            f"among rows that reached it on at least half their seeds: {text}.")
+            f"among rows that reached it on at least half their seeds: {text}.{tied_with_first(projected, which, order)}")
+
+
+def tied_with_first(projected: Projected, which: int, order: list[str]) -> str:
+    """" N rows within the projection's speedup error of the first: ..." where the order's top is
+    closer than the projection can tell apart (SPEEDUP_ERROR, as the crossings)."""
+    times = [projected.cells[label][which].ranked or 0.0 for label in order]
+    tied = [series_of(projected, label) for label, t in zip(order, times)
+            if t <= times[0] * (1 + SPEEDUP_ERROR)]
+    if len(tied) < 2:
+        return ""
+    return (f" Within the projection's speedup error ({SPEEDUP_ERROR:.0%}) of the first, so not ordered by it: "
+            f"{', '.join(tied)}.")
 
 
 def compute_sources(sources: list[str]) -> list[str]:

@@ -318,6 +318,13 @@ def test_the_headline_ranks_only_rows_that_reached_on_at_least_half_their_seeds(
                                 cluster=SimpleNamespace(name="eth25"))
     line = first_to(projected, None, 0, "iid")
     assert line.endswith(": all 2 s, half 3 s (5 of 10 seeds).") and "lucky" not in line
+    # rows closer to the first than the projection's speedup error are said not to be ordered by it
+    cells["close@iid"] = cell("close@iid", [2.2] * 10, 10)
+    rows["close@iid"] = rows["all@iid"]
+    projected.cells["close@iid"] = [cells["close@iid"]] * 2
+    assert first_to(projected, None, 0, "iid").endswith(
+        ": all 2 s, close 2.2 s, half 3 s (5 of 10 seeds). Within the projection's speedup error (11%) of the first, "
+        "so not ordered by it: all, close.")
     # the bandwidth sweep compares rows by the same rule (tables/projected.py `sweep`)
     assert cells["lucky@iid"].ranked is None and cells["lucky@iid"].seconds == 1.0
     assert cells["half@iid"].ranked == 3.0
