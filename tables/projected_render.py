@@ -106,18 +106,18 @@ def first_to(projected: Projected, table: TableConfig, which: int, variant: str)
     order = sorted(chosen, key=lambda label: projected.cells[label][which].ranked or 0.0)
     if not order:
         return None
-    text = ", ".join(f"{series_of(projected, label)} {seconds(projected.cells[label][which].ranked or 0.0)} s"
-                     f"{seeds_note(projected.cells[label][which])}" for label in order[:5])
-    return (f"First to target ({'ab'[which]}) at {projected.sweep_workers} workers on {projected.cluster.name}, "
-            f"among rows that reached it on at least half their seeds: {text}.{tied_with_first(projected, which, order)}")
-
-
-def tied_with_first(projected: Projected, which: int, order: list[str]) -> str:
-    """" N rows within the projection's speedup error of the first: ..." where the order's top is
-    closer than the projection can tell apart (SPEEDUP_ERROR, as the crossings)."""
     times = [projected.cells[label][which].ranked or 0.0 for label in order]
-    tied = [series_of(projected, label) for label, t in zip(order, times)
-            if t <= times[0] * (1 + SPEEDUP_ERROR)]
+    text = ", ".join(f"{series_of(projected, label)} {seconds(t)} s{seeds_note(projected.cells[label][which])}"
+                     for label, t in zip(order[:5], times))
+    return (f"First to target ({'ab'[which]}) at {projected.sweep_workers} workers on {projected.cluster.name}, "
+            f"among rows that reached it on at least half their seeds: {text}."
+            + tied_with_first([series_of(projected, label) for label in order], times))
+
+
+def tied_with_first(names: list[str], times: list[float]) -> str:
+    """The rows (in order, fastest first) whose time is within the projection's speedup error of the
+    first's (SPEEDUP_ERROR, the crossings' band), in words; "" when only the first is."""
+    tied = [name for name, t in zip(names, times) if t <= times[0] * (1 + SPEEDUP_ERROR)]
     if len(tied) < 2:
         return ""
     return (f" Within the projection's speedup error ({SPEEDUP_ERROR:.0%}) of the first, so not ordered by it: "
